@@ -1,0 +1,37 @@
+// Which keys a query row sees: the one definition of causal / sliding window / chunked masks
+// (spec 5.4), shared by every backend. Host and device.
+#pragma once
+
+#if defined(__CUDACC__)
+#define KVFLASH_HD __host__ __device__ __forceinline__
+#else
+#define KVFLASH_HD inline
+#endif
+
+namespace kvflash::core {
+
+struct KeyRange {
+  int lo = 0;  // first visible key index (0-based, relative to leftpad)
+  int hi = 0;  // one past the last; lo >= hi means no visible key
+};
+
+KVFLASH_HD int floor_div(int a, int b) { return (a >= 0 ? a : a - b + 1) / b; }
+
+// Query row i (0-based within its sequence) of a sequence with seqlen_q queries and seqlen_k keys.
+// window_left / window_right: -1 unbounded (causal is window_right == 0); chunk: 0 off.
+KVFLASH_HD KeyRange visible_keys(int i, int seqlen_q, int seqlen_k, int window_left,
+                                 int window_right, int chunk) {
+  const int diag = i + seqlen_k - seqlen_q;  // bottom-right alignment
+  KeyRange r{0, seqlen_k};
+  if (window_right >= 0 && diag + window_right + 1 < r.hi) r.hi = diag + window_right + 1;
+  if (window_left >= 0 && diag - window_left > r.lo) r.lo = diag - window_left;
+  if (chunk > 0) {
+    const int c0 = floor_div(diag, chunk) * chunk;
+    if (c0 > r.lo) r.lo = c0;
+    if (c0 + chunk < r.hi) r.hi = c0 + chunk;
+  }
+  if (r.hi < r.lo) r.hi = r.lo;
+  return r;
+}
+
+}  // namespace kvflash::core

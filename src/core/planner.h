@@ -1,0 +1,32 @@
+// The planner: FA3's heuristics (spec section 6) over a resolved Problem, and the checks that
+// make a Plan safe to reuse. Host side; the CUDA backend refreshes per-batch vectors on device.
+#pragma once
+
+#include "core/problem.h"
+#include "kvflash/plan.h"
+
+namespace kvflash::core {
+
+struct DeviceInfo {
+  int num_sms = 1;  // CUDA: multiprocessor count; CPU: hardware threads
+  int arch = 0;     // 0 CPU, else compute capability * 10 (80, 90, ...)
+};
+DeviceInfo device_info(Device device);
+
+// The plan key of a call (caller-given values, see PlanKey).
+PlanKey plan_key(const Problem& p, const DeviceInfo& info);
+
+// The plan the call makes when none is given. Reads lengths from host-visible tensors
+// (per-batch vectors need cache_seqlens / cu_seqlens on the host; device-resident lengths give
+// the static decisions and per-batch vectors filled from the static bounds).
+Plan make_plan(const Problem& p);
+
+// A caller's Plan must match this call: first the key (Error naming the first field that
+// differs), then the vectors (lengths, ranges). Throws Error(invalid_value, "scheduler_metadata").
+void check_plan(const Plan& plan, const Problem& p);
+
+// FA3's int32 scheduler_metadata tensor, passed back: length must equal the layout this call
+// needs, values in range; returns the Plan it encodes for this problem.
+Plan plan_from_metadata(const TensorView& metadata, const Problem& p);
+
+}  // namespace kvflash::core
