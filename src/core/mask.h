@@ -34,4 +34,17 @@ KVFLASH_HD KeyRange visible_keys(int i, int seqlen_q, int seqlen_k, int window_l
   return r;
 }
 
+// Split-KV: split `split` of `num_splits` covers whole key blocks of `block_n` keys; the
+// ceil(n_blocks / num_splits) blocks per split are taken in order, so trailing splits may be
+// empty. Every backend partitions the keys this way, so partials are comparable.
+KVFLASH_HD KeyRange split_keys(int split, int num_splits, int seqlen_k, int block_n) {
+  const int n_blocks = (seqlen_k + block_n - 1) / block_n;
+  const int per_split = (n_blocks + num_splits - 1) / num_splits;
+  int lo = split * per_split * block_n;
+  int hi = lo + per_split * block_n;
+  if (lo > seqlen_k) lo = seqlen_k;
+  if (hi > seqlen_k) hi = seqlen_k;
+  return KeyRange{lo, hi};
+}
+
 }  // namespace kvflash::core
