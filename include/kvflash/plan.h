@@ -24,7 +24,7 @@ struct PlanKey {
   int headdim_v = 0;
   DType dtype = DType::bf16;
   int page_size = 0;         // 0: not paged
-  int max_seqlen_k_new = 0;  // 0: no new K/V appended
+  int max_seqlen_k_new = 0;  // 0: no new K/V appended (the planner keeps only 0 / 1)
   bool varlen_q = false;     // cu_seqlens_q given
   bool has_leftpad = false;
   bool causal = false;
@@ -55,7 +55,8 @@ struct Plan {
   bool pack_gqa = false;
   bool is_causal = false;  // after normalisation (spec 5.4)
   bool is_local = false;
-  // Per batch element (length key.batch).
+  // Per batch element (length key.batch), indexed by batch element. (FA3's int32 layout stores
+  // them by sorted position when batch_order is present; to_fa3 / from_fa3 convert.)
   std::vector<int32_t> num_splits_dynamic;  // in [1, num_splits]
   std::vector<int32_t> num_m_blocks;
   std::vector<int32_t> batch_order;         // sorted order -> batch index; present iff !is_local

@@ -1,0 +1,289 @@
+#include "core/heuristics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <string>
+
+#include "kvflash/errors.h"
+
+namespace kvflash::core {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int group_size(const PlanKey& key) {
+  return key.num_heads_k > 0 ? key.num_heads / key.num_heads_k : 1;
+}
+
+// Bytes per K/V element as the L2 estimates count them.
+int kv_elem_bytes(const PlanKey& key) { return static_cast<int>(dtype_size(key.dtype)); }
+
+// FA3's L2 model: a KV head larger than this is worth splitting even when the SMs are full.
+constexpr int64_t kL2BytesForSplits = 50ll * 1024 * 1024;
+// ... and the (deliberately small) L2 assumed when counting KV heads that stay resident.
+constexpr int64_t kL2BytesForHeads = 8ll * 1024 * 1024;
+
+}  // namespace
+
+PlanKey canonical_key(PlanKey raw, const DeviceInfo& info) {
+  raw.num_sms = info.num_sms;
+  raw.arch = info.arch;
+  raw.num_splits = std::max(raw.num_splits, 0);
+  raw.max_seqlen_k_new = raw.max_seqlen_k_new > 0 ? 1 : 0;
+  raw.pack_gqa = raw.pack_gqa < 0 ? -1 : (raw.pack_gqa > 0 ? 1 : 0);
+  return raw;
+}
+
+MaskShape normalise_mask(const PlanKey& key) {
+  const int s_q = key.max_seqlen_q;
+  const int s_k = key.max_seqlen_k;
+  int left = key.window_left;
+  int right = key.window_right;
+  bool causal = key.causal;
+  // A window covering the whole static extent is no window.
+  if (left >= s_k - 1) left = -1;
+  if (right >= s_q - 1) right = -1;
+  // One query row sees every key under causal too; FA3 keeps causal only where it picks a better
+  // tile (64 < d <= 128 with paged KV). Results do not change, the plan's layout does.
+  if (s_q == 1 && left < 0 && right < 0 && key.attention_chunk == 0) {
+    const bool keeps_causal_tile = key.headdim > 64 && key.headdim <= 128 && key.page_size > 0;
+    if (!keeps_causal_tile) causal = false;
+  }
+  if (causal) right = 0;
+
+  MaskShape mask;
+  mask.is_causal = left < 0 && right == 0 && key.attention_chunk == 0;
+  mask.is_local = (left >= 0 || right >= 0 || key.attention_chunk >= 1) && !mask.is_causal;
+  if (left < 0) left = s_k - 1;
+  if (right < 0) right = s_q - 1;
+  if (key.attention_chunk > 0) {
+    left = std::min(left, key.attention_chunk - 1);
+    right = std::min(right, key.attention_chunk - 1);
+  }
+  mask.window_left = left;
+  mask.window_right = right;
+  return mask;
+}
+
+// Float arithmetic as upstream, so the chosen split counts agree with FA3's at the thresholds.
+int num_splits_heuristic(int64_t total_mblocks, int num_sms, int num_n_blocks, int num_m_blocks,
+                         int64_t size_one_kv_head, bool causal_or_local, int max_splits) {
+  if (static_cast<float>(total_mblocks) >= 0.8f * static_cast<float>(num_sms)) {
+    // The SMs are (nearly) full already; splitting only pays when one KV head overflows L2 and
+    // enough query tiles re-read it; never under causal/local, whose tiles are uneven already.
+    const bool overflows_l2 = size_one_kv_head > kL2BytesForSplits;
+    if (overflows_l2 && num_m_blocks >= 2 * num_sms && !causal_or_local) {
+      return static_cast<int>(
+          std::min<int64_t>(ceil_div(size_one_kv_head, kL2BytesForSplits), max_splits));
+    }
+    return 1;
+  }
+  if (num_n_blocks <= 4) return 1;  // too few key blocks for partials to pay off
+  const int limit = std::min({max_splits, num_sms, num_n_blocks});
+  // Wave efficiency of s splits: how full the last wave of total_mblocks * s tiles is.
+  std::vector<float> efficiency(static_cast<size_t>(limit));
+  float best = 0.0f;
+  for (int s = 1; s <= limit; ++s) {
+    const float waves = static_cast<float>(total_mblocks * s) / static_cast<float>(num_sms);
+    efficiency[s - 1] = waves / std::ceil(waves);
+    best = std::max(best, efficiency[s - 1]);
+  }
+  // The fewest splits within 85% of the best: fewer partials to combine.
+  for (int s = 1; s <= limit; ++s) {
+    if (efficiency[s - 1] >= 0.85f * best) return s;
+  }
+  return 1;
+}
+
+bool should_pack_gqa(bool varlen_q, int seqlen_q, int qheads_per_kvhead, int block_m) {
+  if (varlen_q) return true;  // sequence lengths unknown: packing is the safe bet
+  if (seqlen_q <= 0 || block_m <= 0) return false;
+  auto tile_fill = [block_m](int64_t rows) {
+    return static_cast<float>(rows) / static_cast<float>(ceil_div(rows, block_m) * block_m);
+  };
+  return tile_fill(seqlen_q) < 0.9f * tile_fill(int64_t{seqlen_q} * qheads_per_kvhead);
+}
+
+TileInputs tile_inputs(const PlanKey& key, const MaskShape& mask, bool paged_non_tma) {
+  TileInputs in;
+  in.headdim = key.headdim;
+  in.headdim_v = key.headdim_v;
+  in.elem_bytes = key.dtype == DType::e4m3 ? 1 : 2;
+  in.causal = mask.is_causal;
+  in.local = mask.is_local;
+  in.paged_non_tma = paged_non_tma;
+  in.softcap = key.has_softcap;
+  return in;
+}
+
+bool use_pagedkv_tma(const PlanKey& key, const MaskShape& mask) {
+  if (key.arch < 90 || key.page_size <= 0 || key.has_leftpad || key.max_seqlen_k_new > 0) {
+    return false;
+  }
+  const TileSize tile = tile_size_sm90(tile_inputs(key, mask, /*paged_non_tma=*/false));
+  // Short (packed) query sides are not compute bound and load faster without TMA.
+  const int64_t packed_rows = int64_t{key.max_seqlen_q} * group_size(key);
+  return key.page_size % tile.block_n == 0 && packed_rows > tile.block_m;
+}
+
+int usable_sms(const PlanKey& key) { return std::max(1, key.num_sms - key.sm_margin); }
+
+int get_num_splits(const PlanKey& key, const MaskShape& mask, TileSize tile) {
+  const int64_t s_k = key.max_seqlen_k;
+  // A local mask reads at most its window (plus one M tile of diagonal shift) of the keys.
+  const int64_t keys_loaded =
+      mask.is_local ? std::clamp<int64_t>(int64_t{mask.window_left} + mask.window_right + 1 +
+                                              tile.block_m, 0, s_k)
+                    : s_k;
+  const int64_t n_blocks = ceil_div(keys_loaded, tile.block_n);
+  const int64_t m_blocks = ceil_div(int64_t{key.max_seqlen_q} * group_size(key), tile.block_m);
+  const int64_t size_one_kv_head = s_k * (key.headdim + key.headdim_v) * kv_elem_bytes(key);
+  // With per-sequence (dynamic) splits this is only an upper bound, computed as if the batch
+  // were one long sequence among short ones.
+  const bool dynamic = key.batch <= kMaxDynamicSplitBatch;
+  const int64_t total_mblocks = (dynamic ? 1 : key.batch) * int64_t{key.num_heads_k} * m_blocks;
+  const auto clamp_int = [](int64_t v) {
+    return static_cast<int>(std::min<int64_t>(v, INT32_MAX));
+  };
+  return num_splits_heuristic(total_mblocks, usable_sms(key), clamp_int(n_blocks),
+                              clamp_int(m_blocks), size_one_kv_head,
+                              mask.is_causal || mask.is_local, kMaxHeuristicSplits);
+}
+
+bool get_pack_gqa(const PlanKey& key, TileSize tile, bool pagedkv_tma, int num_splits) {
+  // FA3 builds its sm8x, non-TMA paged and split kernels only packed; the CPU plans like sm8x.
+  if (key.arch < 90 || (key.page_size > 0 && !pagedkv_tma) || num_splits > 1) return true;
+  if (key.pack_gqa >= 0) return key.pack_gqa == 1;
+  if (key.num_heads == key.num_heads_k) return false;
+  return should_pack_gqa(key.varlen_q, key.max_seqlen_q, group_size(key), tile.block_m);
+}
+
+Plan static_plan(const PlanKey& key) {
+  Plan plan;
+  plan.key = key;
+  const MaskShape mask = normalise_mask(key);
+  plan.is_causal = mask.is_causal;
+  plan.is_local = mask.is_local;
+  const bool pagedkv_tma = use_pagedkv_tma(key, mask);
+  const bool paged_non_tma = key.page_size > 0 && !pagedkv_tma;
+  const TileSize tile = tile_size(key.arch, tile_inputs(key, mask, paged_non_tma));
+  plan.block_m = tile.block_m;
+  plan.block_n = tile.block_n;
+  plan.num_splits = key.num_splits > 0 ? key.num_splits : get_num_splits(key, mask, tile);
+  plan.pack_gqa = get_pack_gqa(key, tile, pagedkv_tma, plan.num_splits);
+  // The tile-count word FA3's persistent scheduler (sm90) and its split combine use.
+  plan.has_semaphore = key.arch >= 90 || plan.num_splits > 1;
+  return plan;
+}
+
+int num_m_blocks(const Plan& plan, int seqlen_q) {
+  const int64_t rows = int64_t{std::max(seqlen_q, 0)} * (plan.pack_gqa ? group_size(plan.key) : 1);
+  return static_cast<int>(ceil_div(rows, plan.block_m));
+}
+
+int scheduled_heads(const Plan& plan) {
+  return plan.pack_gqa ? plan.key.num_heads_k : plan.key.num_heads;
+}
+
+namespace {
+
+// Splits per sequence, each in [1, plan.num_splits].
+//  - CPU plans with a requested num_splits > 1 honour it exactly, capped by the sequence's key
+//    blocks: min(num_splits, n_blocks), at least 1. The CPU backend thus really runs split-KV
+//    and the combine whenever a caller asks for splits (tests rely on it).
+//  - Otherwise FA3's dynamic rule: one split each when batch > 992 or num_splits == 1; else
+//    spread the batch's total m x n blocks (10% margin, times the scheduled heads) over the
+//    usable SMs (CPU: hardware threads) and give each sequence ceil(n_blocks / blocks_per_sm).
+std::vector<int32_t> splits_per_sequence(const Plan& plan, const std::vector<int>& m_blocks,
+                                         const std::vector<int>& n_blocks) {
+  const size_t batch = n_blocks.size();
+  const int upper = plan.num_splits;
+  std::vector<int32_t> splits(batch, 1);
+  if (plan.key.arch == 0 && plan.key.num_splits > 0) {
+    for (size_t b = 0; b < batch; ++b) {
+      splits[b] = std::clamp(std::min(upper, n_blocks[b]), 1, upper);
+    }
+    return splits;
+  }
+  if (plan.key.batch > kMaxDynamicSplitBatch || upper == 1) return splits;
+  int64_t total_blocks = 0;
+  for (size_t b = 0; b < batch; ++b) total_blocks += int64_t{m_blocks[b]} * n_blocks[b];
+  const float per_sm = std::ceil(static_cast<float>(total_blocks) * 1.1f *
+                                 static_cast<float>(scheduled_heads(plan)) /
+                                 static_cast<float>(usable_sms(plan.key)));
+  const int64_t blocks_per_sm = std::max<int64_t>(1, static_cast<int64_t>(per_sm));
+  for (size_t b = 0; b < batch; ++b) {
+    const int64_t wanted = ceil_div(n_blocks[b], blocks_per_sm);
+    splits[b] = static_cast<int32_t>(std::clamp<int64_t>(wanted, 1, upper));
+  }
+  return splits;
+}
+
+// Longest work first, so the persistent scheduler does not end on a long tail. Causal tiles of a
+// sequence shrink with its query length, hence the key n*block_n - m*block_m there. Stable:
+// equal work keeps batch order.
+std::vector<int32_t> work_order(const Plan& plan, const std::vector<int>& m_blocks,
+                                const std::vector<int>& n_per_split) {
+  std::vector<int64_t> work(n_per_split.size());
+  for (size_t b = 0; b < work.size(); ++b) {
+    work[b] = plan.is_causal
+                  ? int64_t{n_per_split[b]} * plan.block_n - int64_t{m_blocks[b]} * plan.block_m
+                  : n_per_split[b];
+  }
+  std::vector<int32_t> order(work.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&work](int32_t a, int32_t b) { return work[a] > work[b]; });
+  return order;
+}
+
+// How many heads of one sequence to schedule together so their K/V blocks share L2: 16, 8, 4,
+// 2 or 1 KV heads of n_per_split blocks each within the assumed L2 (times the group when the
+// query heads are not packed), at most the heads there are.
+int32_t heads_in_l2(const Plan& plan, int n_per_split) {
+  const int64_t block_bytes = int64_t{plan.block_n} *
+                              (plan.key.headdim + plan.key.headdim_v) * kv_elem_bytes(plan.key);
+  const int64_t blocks_in_l2 = kL2BytesForHeads / std::max<int64_t>(block_bytes, 1);
+  const int64_t n = std::max(n_per_split, 1);
+  int32_t heads = 1;
+  for (int32_t candidate : {16, 8, 4, 2}) {
+    if (n * candidate <= blocks_in_l2) {
+      heads = candidate;
+      break;
+    }
+  }
+  if (!plan.pack_gqa) heads *= group_size(plan.key);
+  return std::clamp(heads, 1, std::max(scheduled_heads(plan), 1));
+}
+
+}  // namespace
+
+void plan_batches(Plan& plan, const std::vector<SeqLengths>& lengths) {
+  if (lengths.size() != static_cast<size_t>(std::max(plan.key.batch, 0))) {
+    throw Error(ErrorKind::invalid_value, "scheduler_metadata",
+                "internal: " + std::to_string(lengths.size()) + " sequence lengths for batch " +
+                    std::to_string(plan.key.batch));
+  }
+  std::vector<int> m_blocks(lengths.size());
+  std::vector<int> n_blocks(lengths.size());
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    m_blocks[b] = num_m_blocks(plan, lengths[b].seqlen_q);
+    n_blocks[b] = static_cast<int>(ceil_div(std::max(lengths[b].seqlen_k, 0), plan.block_n));
+  }
+  plan.num_splits_dynamic = splits_per_sequence(plan, m_blocks, n_blocks);
+  std::vector<int> n_per_split(lengths.size());
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    n_per_split[b] = static_cast<int>(ceil_div(n_blocks[b], plan.num_splits_dynamic[b]));
+  }
+  plan.num_m_blocks.assign(m_blocks.begin(), m_blocks.end());
+  plan.batch_order.clear();
+  if (!plan.is_local) plan.batch_order = work_order(plan, m_blocks, n_per_split);
+  plan.num_nheads_in_l2.clear();
+  if (plan.is_causal || plan.is_local) {
+    for (int n : n_per_split) plan.num_nheads_in_l2.push_back(heads_in_l2(plan, n));
+  }
+}
+
+}  // namespace kvflash::core

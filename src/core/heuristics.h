@@ -1,0 +1,89 @@
+// FA3's scheduling decisions (spec section 6), written from the spec's prose: window/causal
+// normalisation, paged TMA, num_splits, pack_gqa (the static half of a Plan), and the per-batch
+// vectors of the prepare step (dynamic splits, work order, heads in L2).
+//
+// kvflash always plans the way FA3 plans a varlen call (a flash_attn_with_kvcache call with
+// cache_seqlens is varlen, spec section 4 step 12): the split heuristic assumes one long sequence
+// when batch <= 992, and splits are chosen per sequence. A call without cache_seqlens gets the
+// plan of one whose cache_seqlens are the full capacity. This keeps a Plan a function of its key
+// and the per-batch lengths only.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/planner.h"
+#include "core/tile_size.h"
+#include "kvflash/plan.h"
+
+namespace kvflash::core {
+
+// FA3's limits: the heuristic never picks more than this many splits; a caller may ask for up to
+// kMaxSplits; per-sequence dynamic splits are only computed for batches up to this size (one
+// prepare CTA in FA3; beyond it every sequence gets one split).
+constexpr int kMaxHeuristicSplits = 128;
+constexpr int kMaxSplits = 256;
+constexpr int kMaxDynamicSplitBatch = 992;
+
+// The PlanKey both plan_key() (a call) and get_scheduler_metadata() produce from the raw values
+// they gather (page_size 0 when not paged, headdim_v already defaulted): fills the device fields
+// and folds equivalent requests into one value: negative num_splits is 0 (heuristic),
+// max_seqlen_k_new keeps only present (1) / absent (0), because no decision depends on its value
+// and a call with packed k / v has no such argument, pack_gqa is -1, 0 or 1. Both must go through
+// here so equal problems get equal keys.
+PlanKey canonical_key(PlanKey raw, const DeviceInfo& info);
+
+// Window/causal normalisation of spec 5.4 on the key's static sizes (max_seqlen_q, max_seqlen_k).
+struct MaskShape {
+  bool is_causal = false;
+  bool is_local = false;
+  // After step 5: an unbounded left side is max_seqlen_k - 1, an unbounded right side
+  // max_seqlen_q - 1, both at most attention_chunk - 1 when chunked.
+  int window_left = 0;
+  int window_right = 0;
+};
+MaskShape normalise_mask(const PlanKey& key);
+
+// Spec 6.3: how many splits fill the SMs best. size_one_kv_head in bytes.
+int num_splits_heuristic(int64_t total_mblocks, int num_sms, int num_n_blocks, int num_m_blocks,
+                         int64_t size_one_kv_head, bool causal_or_local, int max_splits);
+// Spec 6.3: pack the query heads of a KV head into one M tile when that fills tiles better.
+bool should_pack_gqa(bool varlen_q, int seqlen_q, int qheads_per_kvhead, int block_m);
+
+TileInputs tile_inputs(const PlanKey& key, const MaskShape& mask, bool paged_non_tma);
+// Spec 6.2 (only meaningful for arch >= 90).
+bool use_pagedkv_tma(const PlanKey& key, const MaskShape& mask);
+// Spec 6.3, for key.num_splits <= 0.
+int get_num_splits(const PlanKey& key, const MaskShape& mask, TileSize tile);
+// Spec 6.3; returns the pack_gqa the kernels run with (forced true for arch < 90, non-TMA paged
+// KV or num_splits > 1, whatever was requested).
+bool get_pack_gqa(const PlanKey& key, TileSize tile, bool pagedkv_tma, int num_splits);
+
+// SMs (CPU: hardware threads) the plan may use: num_sms - sm_margin, at least 1.
+int usable_sms(const PlanKey& key);
+
+// A Plan with the static decisions made from `key` and empty per-batch vectors.
+Plan static_plan(const PlanKey& key);
+
+// Lengths of one sequence as the planner sees them.
+struct SeqLengths {
+  int seqlen_q = 0;  // query rows
+  int seqlen_k = 0;  // keys attended: cache_seqlens - leftpad + new keys
+};
+
+// Fills plan's per-batch vectors (indexed by batch element) for these lengths, one per batch
+// element of plan.key. See heuristics.cpp for the split rule.
+void plan_batches(Plan& plan, const std::vector<SeqLengths>& lengths);
+
+// The per-batch vectors of `plan` have the lengths its key needs and every value in range:
+// num_splits_dynamic in [1, num_splits], num_m_blocks in [0, blocks of max_seqlen_q], batch_order
+// a permutation of [0, batch), num_nheads_in_l2 in [1, scheduled heads]. Throws
+// Error(invalid_value, "scheduler_metadata") naming the first bad entry.
+void check_plan_vectors(const Plan& plan);
+
+// num_m_blocks of a sequence with seqlen_q query rows under plan's tiles and packing.
+int num_m_blocks(const Plan& plan, int seqlen_q);
+// Heads the scheduler iterates per batch element: num_heads_k with PackGQA, else num_heads.
+int scheduled_heads(const Plan& plan);
+
+}  // namespace kvflash::core

@@ -1,0 +1,90 @@
+// Tile sizes (kBlockM x kBlockN): the one source of truth. The planner derives num_m_blocks,
+// key blocks per split and the split heuristics from these numbers, and every kernel (CUDA sm80 /
+// sm90, the CPU backend's split partition) must read its block sizes from the same functions with
+// the same inputs; otherwise a Plan's per-batch vectors would describe tiles the kernel does not
+// use. Usable from host and device code, and in constant expressions.
+#pragma once
+
+#if !defined(KVFLASH_HD)
+#if defined(__CUDACC__)
+#define KVFLASH_HD __host__ __device__ __forceinline__
+#else
+#define KVFLASH_HD inline
+#endif
+#endif
+
+namespace kvflash::core {
+
+struct TileSize {
+  int block_m = 0;  // query rows (packed rows with PackGQA) per tile
+  int block_n = 0;  // keys per block
+};
+
+// What the tile choice depends on. Head dims are given as-is and rounded inside.
+struct TileInputs {
+  int headdim = 0;
+  int headdim_v = 0;
+  int elem_bytes = 2;          // 1 selects the fp8 table
+  bool causal = false;         // normalised flags (spec 5.4), not the caller's
+  bool local = false;
+  bool paged_non_tma = false;  // paged KV read without TMA (spec 6.2)
+  bool softcap = false;
+  bool v_colmajor = false;     // fp8 V stored column-major (never in kvflash today)
+};
+
+// Head dims are compiled for {64, 96, 128, 192, 256}; V also for 512 (spec 6.1).
+KVFLASH_HD constexpr int round_up_headdim(int d) {
+  return d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
+}
+KVFLASH_HD constexpr int round_up_headdim_v(int dv) {
+  return dv <= 256 ? round_up_headdim(dv) : 512;
+}
+
+// Hopper (sm90) table, FA3's choices (spec 6.1).
+KVFLASH_HD constexpr TileSize tile_size_sm90_16bit(const TileInputs& in) {
+  const int d = round_up_headdim(in.headdim);
+  const int dv = round_up_headdim_v(in.headdim_v);
+  const bool narrow = in.causal || in.local || in.paged_non_tma;
+  if (d <= 64) {
+    if (dv == 512) return {64, 64};
+    if (dv == 256) return {128, 96};
+    return {192, narrow ? 128 : 192};
+  }
+  if (d <= 96) return {192, in.local || in.paged_non_tma ? 128 : 144};
+  if (d <= 128) return {128, narrow ? 128 : 176};
+  if (d <= 192) return {128, in.paged_non_tma || in.local ? 96 : (dv <= 128 ? 128 : 112)};
+  return {128, in.local ? 64 : 80};
+}
+
+KVFLASH_HD constexpr TileSize tile_size_sm90_fp8(const TileInputs& in) {
+  const int d = round_up_headdim(in.headdim);
+  if (d <= 64) return {192, 160};
+  if (d <= 96) return {192, 128};
+  if (d <= 128) {
+    if (in.paged_non_tma) return {128, 160};
+    return {128, in.v_colmajor || (in.softcap && in.local) ? 192 : 224};
+  }
+  if (d <= 192) return {128, (in.paged_non_tma || in.softcap) && in.local ? 128 : 160};
+  return {128, in.local ? 64 : 128};
+}
+
+KVFLASH_HD constexpr TileSize tile_size_sm90(const TileInputs& in) {
+  return in.elem_bytes == 1 ? tile_size_sm90_fp8(in) : tile_size_sm90_16bit(in);
+}
+
+// sm80 (any pre-Hopper GPU) and the CPU backend share one simple table: 128 query rows up to
+// head dim 128 and 64 beyond (accumulators stay small), 128 keys per block for head dims up to
+// 64 and 64 beyond (K and V tiles stay small). The larger of the two rounded head dims decides.
+KVFLASH_HD constexpr TileSize tile_size_sm80(const TileInputs& in) {
+  const int d = round_up_headdim(in.headdim);
+  const int dv = round_up_headdim_v(in.headdim_v);
+  const int widest = d > dv ? d : dv;
+  return {widest <= 128 ? 128 : 64, widest <= 64 ? 128 : 64};
+}
+
+// arch: 0 for the CPU, else compute capability * 10 (80, 86, 90, ...).
+KVFLASH_HD constexpr TileSize tile_size(int arch, const TileInputs& in) {
+  return arch >= 90 ? tile_size_sm90(in) : tile_size_sm80(in);
+}
+
+}  // namespace kvflash::core

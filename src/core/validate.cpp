@@ -1,0 +1,592 @@
+// validate(): every metadata rule of flash_attn_with_kvcache (spec sections 4 and 7), in the
+// order FA3's mha_fwd checks them, so a call FA3 rejects fails here with the same message first.
+// Nothing here reads tensor contents; check_values.cpp does that.
+#include "core/validate.h"
+
+#include <climits>
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "kvflash/kvflash.h"
+
+namespace kvflash::core {
+
+namespace {
+
+using std::to_string;
+constexpr int kMaxHeaddim = 256;
+constexpr int kMaxSplits = 256;
+
+bool is_16bit(DType d) { return d == DType::f16 || d == DType::bf16; }
+
+std::string stride_detail(const TensorView& t, const char* name) {
+  return std::string(name) + ".stride(-1) is " + to_string(t.stride(-1)) + ", expected 1";
+}
+
+}  // namespace
+
+// --- building blocks ----------------------------------------------------------------------
+
+void fail(ErrorKind kind, const std::string& argument, const std::string& message) {
+  throw Error(kind, argument, message);
+}
+
+std::string dims_string(const std::vector<int64_t>& dims) {
+  std::string s = "(";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + to_string(dims[i]);
+  return s + (dims.size() == 1 ? ",)" : ")");
+}
+
+void require_well_formed(const TensorView& t, const char* name) {
+  if (t.rank < 0 || t.rank > kMaxRank) {
+    fail(ErrorKind::invalid_value, name,
+         std::string(name) + " must have rank 0 to " + to_string(kMaxRank) + " (got rank " +
+             to_string(t.rank) + ")");
+  }
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] < 0 || t.shape[i] > INT_MAX) {
+      fail(ErrorKind::invalid_value, name,
+           std::string(name) + " has a size out of range [0, 2^31) in dimension " + to_string(i) +
+               " (shape " + t.shape_string() + ")");
+    }
+  }
+  if (t.data == nullptr && t.numel() > 0) {
+    fail(ErrorKind::invalid_value, name,
+         std::string(name) + " has no data pointer but " + to_string(t.numel()) + " elements");
+  }
+}
+
+void require_device(const TensorView& t, const char* name, Device expected, const char* reference) {
+  if (t.device != expected) {
+    fail(ErrorKind::invalid_type, name,
+         std::string(name) + " must be on the same device as " + reference + " (expected " +
+             device_name(expected) + ", got " + device_name(t.device) + ")");
+  }
+}
+
+void require_dtype(const TensorView& t, const char* name, DType expected,
+                   const std::string& message) {
+  if (t.dtype != expected) {
+    fail(ErrorKind::invalid_type, name,
+         message + " (expected " + dtype_name(expected) + ", got " + dtype_name(t.dtype) + ")");
+  }
+}
+
+void require_rank(const TensorView& t, const char* name, int expected, const std::string& layout) {
+  if (t.rank != expected) {
+    fail(ErrorKind::invalid_value, name,
+         std::string(name) + " must have rank " + to_string(expected) + " " + layout +
+             " (got rank " + to_string(t.rank) + ", shape " + t.shape_string() + ")");
+  }
+}
+
+void require_shape(const TensorView& t, const char* name, const std::vector<int64_t>& expected,
+                   const std::string& message) {
+  bool same = t.rank == static_cast<int>(expected.size());
+  for (int i = 0; same && i < t.rank; ++i) same = t.shape[i] == expected[i];
+  if (!same) {
+    fail(ErrorKind::invalid_value, name,
+         message + " (expected " + dims_string(expected) + ", got " + t.shape_string() + ")");
+  }
+}
+
+void require_last_dim_contiguous(const TensorView& t, const char* name,
+                                 const std::string& message) {
+  // With one element per row the stride of the last dimension is never used.
+  if (t.rank >= 1 && t.stride(-1) != 1 && t.size(-1) > 1) {
+    fail(ErrorKind::invalid_value, name, message + " (" + stride_detail(t, name) + ")");
+  }
+}
+
+void require_contiguous(const TensorView& t, const char* name) {
+  if (!t.is_contiguous()) {
+    std::vector<int64_t> strides(t.strides, t.strides + t.rank);
+    fail(ErrorKind::invalid_value, name,
+         std::string(name) + " must be contiguous (shape " + t.shape_string() + ", strides " +
+             dims_string(strides) + ")");
+  }
+}
+
+// --- the call's sizes -------------------------------------------------------------------------
+
+CallShape call_shape(const KvCacheArgs& args) {
+  CallShape s;
+  const TensorView& v_cache = *args.v_cache;
+  s.query = args.q ? &*args.q : &*args.qv;
+  const TensorView& query = *s.query;
+  s.device = query.device;
+  s.dtype = args.q ? args.q->dtype : v_cache.dtype;
+  s.varlen_q = args.cu_seqlens_q.has_value();
+  if (s.varlen_q) {
+    s.batch = args.cu_seqlens_q->size(0) - 1;
+    s.seqlen_q = args.max_seqlen_q.value_or(0);
+    s.total_q = query.size(0);
+  } else {
+    s.batch = query.size(0);
+    s.seqlen_q = query.size(1);
+    s.total_q = s.batch * s.seqlen_q;
+  }
+  s.num_heads = query.size(-2);
+  s.num_heads_k = v_cache.size(-2);
+  s.headdim = args.q ? args.q->size(-1) : args.k_cache ? args.k_cache->size(-1) : 0;
+  s.headdim_v = v_cache.size(-1);
+  s.paged = args.page_table.has_value();
+  s.num_cache_rows = v_cache.size(0);
+  if (s.paged) {
+    s.page_size = v_cache.size(1);
+    s.max_pages_per_seq = args.page_table->size(1);
+    s.seqlen_k = s.max_pages_per_seq * s.page_size;
+    s.batch_k = args.page_table->size(0);
+  } else {
+    s.seqlen_k = v_cache.size(1);
+    s.batch_k = s.num_cache_rows;
+  }
+  return s;
+}
+
+namespace {
+
+// One named optional tensor of the call, for the checks that apply to all of them.
+struct Named {
+  const char* name;
+  const OptTensor* tensor;
+};
+
+std::vector<Named> all_tensors(const KvCacheArgs& a) {
+  return {{"q", &a.q},
+          {"k_cache", &a.k_cache},
+          {"v_cache", &a.v_cache},
+          {"k", &a.k},
+          {"v", &a.v},
+          {"qv", &a.qv},
+          {"rotary_cos", &a.rotary_cos},
+          {"rotary_sin", &a.rotary_sin},
+          {"cache_seqlens", &a.cache_seqlens},
+          {"cache_batch_idx", &a.cache_batch_idx},
+          {"cache_leftpad", &a.cache_leftpad},
+          {"page_table", &a.page_table},
+          {"cu_seqlens_q", &a.cu_seqlens_q},
+          {"cu_seqlens_k_new", &a.cu_seqlens_k_new},
+          {"rotary_seqlens", &a.rotary_seqlens},
+          {"q_descale", &a.q_descale},
+          {"k_descale", &a.k_descale},
+          {"v_descale", &a.v_descale},
+          {"scheduler_metadata", &a.scheduler_metadata},
+          {"sinks", &a.sinks}};
+}
+
+// q, k_cache and v_cache presence, including kvflash's only_qv form (MATE's wording).
+void check_presence(const KvCacheArgs& a) {
+  if (a.only_qv && !a.qv) fail(ErrorKind::invalid_value, "qv", "only_qv=True requires qv");
+  if (!a.q) {
+    if (!a.qv) {
+      fail(ErrorKind::invalid_value, "q",
+           "q must be provided unless qv is provided with only_qv=True");
+    }
+    if (!a.only_qv) {
+      fail(ErrorKind::invalid_value, "q",
+           "q can only be None when only_qv=True (q is None, only_qv is False)");
+    }
+  }
+  if (!a.k_cache) {
+    if (!a.only_qv) {
+      fail(ErrorKind::invalid_value, "k_cache",
+           "k_cache can only be None when only_qv=True (k_cache is None, only_qv is False)");
+    }
+    if (a.k) {
+      fail(ErrorKind::invalid_value, "k",
+           "new keys k need a k_cache to be appended to (k is given, k_cache is None)");
+    }
+  }
+  if (!a.v_cache) fail(ErrorKind::invalid_value, "v_cache", "v_cache must be provided");
+}
+
+// Steps 2-3: dtypes of q / k_cache / v_cache, one device, contiguous last dimensions, ranks.
+void check_inputs(const KvCacheArgs& a) {
+  const bool has_q = a.q.has_value();
+  const TensorView& query = has_q ? *a.q : *a.qv;
+  const char* query_name = has_q ? "q" : "qv";
+  for (const Named& n : all_tensors(a)) {
+    if (*n.tensor) require_well_formed(**n.tensor, n.name);
+  }
+  const DType dtype = query.dtype;
+  if (dtype != DType::f16 && dtype != DType::bf16 && dtype != DType::e4m3 && dtype != DType::f32) {
+    fail(ErrorKind::invalid_type, query_name,
+         std::string("FlashAttention only supports fp16, bf16, and fp8_e4m3 data type; kvflash's "
+                     "CPU backend also takes float32 (") +
+             query_name + " is " + dtype_name(dtype) + ")");
+  }
+  if (a.k_cache) {
+    require_dtype(*a.k_cache, "k_cache", dtype, "query and key must have the same dtype");
+  }
+  require_dtype(*a.v_cache, "v_cache", dtype, "query and value must have the same dtype");
+
+  const Device device = query.device;
+  if (device.type != DeviceType::cpu && device.type != DeviceType::cuda) {
+    fail(ErrorKind::invalid_type, query_name,
+         std::string(query_name) + " must be on a CPU or CUDA device (got " + device_name(device) +
+             ")");
+  }
+  for (const Named& n : all_tensors(a)) {
+    if (*n.tensor) require_device(**n.tensor, n.name, device);
+  }
+  if (dtype == DType::f32 && device.type != DeviceType::cpu) {
+    fail(ErrorKind::unsupported, query_name,
+         std::string("float32 inputs are supported by the CPU backend only (") + query_name +
+             " is float32 on " + device_name(device) + ")");
+  }
+
+  const bool varlen = a.cu_seqlens_q.has_value();
+  const std::string q_layout =
+      varlen ? "(total_q, h, d) when cu_seqlens_q is given" : "(b, s_q, h, d)";
+  require_rank(query, query_name, varlen ? 3 : 4, q_layout);
+  const std::string cache_layout =
+      a.page_table ? "(num_pages, page_size, h_k, d)" : "(b_k, s_k, h_k, d)";
+  if (a.k_cache) require_rank(*a.k_cache, "k_cache", 4, cache_layout);
+  require_rank(*a.v_cache, "v_cache", 4, cache_layout);
+  if (has_q) {
+    require_last_dim_contiguous(*a.q, "q", "q must have contiguous last dimension");
+  }
+  if (a.k_cache) {
+    require_last_dim_contiguous(*a.k_cache, "k_cache",
+                                "k_cache must have contiguous last dimension");
+  }
+  require_last_dim_contiguous(*a.v_cache, "v_cache", "v_cache must have contiguous last dimension");
+}
+
+// An int32 index tensor of a fixed shape (FA3: dtype, contiguity, CHECK_SHAPE).
+void check_index_tensor(const OptTensor& t, const char* name, const std::vector<int64_t>& shape,
+                        const std::string& shape_text) {
+  if (!t) return;
+  require_dtype(*t, name, DType::i32, std::string(name) + " must have dtype int32");
+  require_rank(*t, name, static_cast<int>(shape.size()), shape_text);
+  require_contiguous(*t, name);
+  require_shape(*t, name, shape, std::string(name) + " must have shape " + shape_text);
+}
+
+// Steps 4-5: page_table and cu_seqlens_q before the sizes are derived from them.
+void check_layout_tensors(const KvCacheArgs& a) {
+  if (a.page_table) {
+    require_dtype(*a.page_table, "page_table", DType::i32,
+                  "page_table must have dtype torch.int32");
+    require_rank(*a.page_table, "page_table", 2, "(b_k, max_num_pages_per_seq)");
+    require_last_dim_contiguous(*a.page_table, "page_table",
+                                "page_table must have contiguous last dimension");
+  }
+  if (a.cu_seqlens_q) {
+    const TensorView& cu = *a.cu_seqlens_q;
+    require_dtype(cu, "cu_seqlens_q", DType::i32, "cu_seqlens_q must have dtype torch.int32");
+    require_rank(cu, "cu_seqlens_q", 1, "(b + 1,)");
+    require_contiguous(cu, "cu_seqlens_q");
+    if (cu.size(0) < 1) {
+      fail(ErrorKind::invalid_value, "cu_seqlens_q",
+           "cu_seqlens_q must have at least one entry (got shape " + cu.shape_string() + ")");
+    }
+    if (!a.max_seqlen_q) {
+      fail(ErrorKind::invalid_value, "max_seqlen_q",
+           "max_seqlen_q must be provided if cu_seqlens_q is provided");
+    }
+    if (*a.max_seqlen_q < 0) {
+      fail(ErrorKind::invalid_value, "max_seqlen_q",
+           "max_seqlen_q must be >= 0 (got " + to_string(*a.max_seqlen_q) + ")");
+    }
+  }
+}
+
+// Steps 7-8: batch sizes and head dimensions.
+void check_heads(const KvCacheArgs& a, const CallShape& s) {
+  if (!a.cache_batch_idx && s.batch != s.batch_k) {
+    fail(ErrorKind::invalid_value, a.page_table ? "page_table" : "k_cache",
+         "batch_size must be equal to batch_size_k (batch_size is " + to_string(s.batch) +
+             ", batch_size_k is " + to_string(s.batch_k) +
+             "; pass cache_batch_idx to map batch elements to cache rows)");
+  }
+  const char* q_name = a.q ? "q" : "k_cache";
+  if (s.headdim > kMaxHeaddim) {
+    fail(ErrorKind::invalid_value, q_name,
+         "FlashAttention forward only supports head dimension at most 256 (headdim is " +
+             to_string(s.headdim) + ")");
+  }
+  if (s.headdim_v <= 0 || (a.q && s.headdim <= 0)) {
+    fail(ErrorKind::invalid_value, s.headdim_v <= 0 ? "v_cache" : "q",
+         "head dimensions must be positive (headdim is " + to_string(s.headdim) +
+             ", headdim_v is " + to_string(s.headdim_v) + ")");
+  }
+  if (s.num_heads_k <= 0 || s.num_heads % s.num_heads_k != 0) {
+    fail(ErrorKind::invalid_value, "v_cache",
+         "Number of heads in key/value must divide number of heads in query (num_heads is " +
+             to_string(s.num_heads) + ", num_heads_k is " + to_string(s.num_heads_k) + ")");
+  }
+  const int64_t d = s.headdim;
+  const int64_t dv = s.headdim_v;
+  if (dv != d && (a.q || a.k_cache)) {
+    const bool mla_like = d <= 64 && dv <= 512;
+    const bool narrow_v = d > 128 && d <= 192 && dv > 96 && dv <= 128;
+    if (!mla_like && !narrow_v) {
+      fail(ErrorKind::invalid_value, "v_cache",
+           "If V headdim is different from Q/K dim, we only support Q/K headdim in (128, 192] "
+           "and V headdim in (96, 128], or (Q/K <= 64 and V <= 512). (headdim is " +
+               to_string(d) + ", headdim_v is " + to_string(dv) + ")");
+    }
+  }
+  if (dv > 256 && s.dtype == DType::e4m3) {
+    fail(ErrorKind::invalid_type, "v_cache",
+         "HeaddimV > 256 requires fp16 and bf16 data type (headdim_v is " + to_string(dv) +
+             ", dtype is float8_e4m3fn)");
+  }
+}
+
+// Step 9's inputs: the scalar flags.
+void check_scalars(const KvCacheArgs& a) {
+  if (a.window_left < -1 || a.window_right < -1) {
+    const bool left = a.window_left < -1;
+    fail(ErrorKind::invalid_value, "window_size",
+         std::string("window_size[") + (left ? "0" : "1") + "] must be >= -1 (-1 means " +
+             "unbounded; got " + to_string(left ? a.window_left : a.window_right) + ")");
+  }
+  if (a.attention_chunk < 0) {
+    fail(ErrorKind::invalid_value, "attention_chunk",
+         "attention_chunk must be >= 0 (0 means off; got " + to_string(a.attention_chunk) + ")");
+  }
+  if (!(a.softcap >= 0.0f)) {
+    fail(ErrorKind::invalid_value, "softcap",
+         "softcap must be >= 0 (0 means off; got " + std::to_string(a.softcap) + ")");
+  }
+  if (a.softmax_scale && !std::isfinite(*a.softmax_scale)) {
+    fail(ErrorKind::invalid_value, "softmax_scale",
+         "softmax_scale must be finite (got " + std::to_string(*a.softmax_scale) + ")");
+  }
+  if (a.num_splits > kMaxSplits) {
+    fail(ErrorKind::invalid_value, "num_splits",
+         "num_splits > 256 not supported (got " + to_string(a.num_splits) + ")");
+  }
+  if (a.sm_margin < 0) {
+    fail(ErrorKind::invalid_value, "sm_margin",
+         "sm_margin must be >= 0 (got " + to_string(a.sm_margin) + ")");
+  }
+}
+
+// Steps 10-13: shapes against the derived sizes, lengths, alignment.
+void check_shapes(const KvCacheArgs& a, const CallShape& s) {
+  const std::vector<int64_t> cache_dims = {s.num_cache_rows, a.v_cache->size(1), s.num_heads_k};
+  if (a.k_cache) {
+    require_shape(*a.k_cache, "k_cache", {cache_dims[0], cache_dims[1], cache_dims[2], s.headdim},
+                  "k_cache must have shape " +
+                      std::string(s.paged ? "(num_pages, page_size, num_heads_k, headdim)"
+                                          : "(batch_size_k, seqlen_k, num_heads_k, headdim)"));
+  }
+  if (a.page_table && s.num_cache_rows == 0 && s.batch > 0) {
+    fail(ErrorKind::invalid_value, "k_cache",
+         "a paged cache needs at least one page (k_cache.shape[0] is 0)");
+  }
+  const std::string b_shape = "(batch_size,) = (" + to_string(s.batch) + ",)";
+  check_index_tensor(a.cache_seqlens, "cache_seqlens", {s.batch}, b_shape);
+  check_index_tensor(a.cache_leftpad, "cache_leftpad", {s.batch}, b_shape);
+  if (a.cache_seqlens && a.cache_seqlens_value) {
+    fail(ErrorKind::invalid_value, "cache_seqlens",
+         "cache_seqlens must be either a tensor or an int, not both (got tensor " +
+             a.cache_seqlens->shape_string() + " and int " + to_string(*a.cache_seqlens_value) +
+             ")");
+  }
+  if (a.cache_seqlens_value &&
+      (*a.cache_seqlens_value < 0 || *a.cache_seqlens_value > s.seqlen_k)) {
+    fail(ErrorKind::invalid_value, "cache_seqlens",
+         "cache_seqlens = " + to_string(*a.cache_seqlens_value) + " is out of range [0, " +
+             to_string(s.seqlen_k) + "] (the cache capacity)");
+  }
+  const int64_t multiple = s.dtype == DType::e4m3 ? 16 : 8;
+  if (s.headdim % multiple != 0) {
+    fail(ErrorKind::invalid_value, a.q ? "q" : "k_cache",
+         "head_size should be a multiple of " + to_string(multiple) + " (got " +
+             to_string(s.headdim) + ")");
+  }
+  if (s.headdim_v % multiple != 0) {
+    fail(ErrorKind::invalid_value, "v_cache",
+         "head_size_v should be a multiple of " + to_string(multiple) + " (got " +
+             to_string(s.headdim_v) + ")");
+  }
+}
+
+// Step 15: new keys and values appended to the cache.
+void check_new_kv(const KvCacheArgs& a, const CallShape& s) {
+  if (a.k && !a.v) {
+    fail(ErrorKind::invalid_value, "v",
+         "If k_new is supplied, v_new must also be passed in (k is given, v is None)");
+  }
+  if (a.v && !a.k) {
+    fail(ErrorKind::invalid_value, "k",
+         "If v_new is supplied, k_new must also be passed in (v is given, k is None)");
+  }
+  const std::string b1_shape = "(batch_size + 1,) = (" + to_string(s.batch + 1) + ",)";
+  check_index_tensor(a.cu_seqlens_k_new, "cu_seqlens_k_new", {s.batch + 1}, b1_shape);
+  if (!a.k) return;
+  if (!a.cache_seqlens && !a.cache_seqlens_value) {
+    fail(ErrorKind::invalid_value, "cache_seqlens",
+         "If k_new is supplied, seqlens_k must also be passed in (k is given, cache_seqlens "
+         "is None)");
+  }
+  const bool packed = a.cu_seqlens_k_new.has_value();
+  const std::string layout =
+      packed ? "(total_k_new, h_k, d) when cu_seqlens_k_new is given" : "(b, s_new, h_k, d)";
+  // Upstream calls them k_new / v_new.
+  for (const auto& [t, name, upstream] :
+       {std::tuple{&*a.k, "k", "k_new"}, std::tuple{&*a.v, "v", "v_new"}}) {
+    require_dtype(*t, name, s.dtype, std::string(upstream) + " must have the same dtype as query");
+    require_rank(*t, name, packed ? 3 : 4, layout);
+    require_last_dim_contiguous(*t, name,
+                                std::string(name) + " must have contiguous last dimension");
+  }
+  const int64_t rows = a.k->size(0);
+  std::vector<int64_t> k_shape = {rows, s.num_heads_k, s.headdim};
+  if (!packed) k_shape = {s.batch, a.k->size(1), s.num_heads_k, s.headdim};
+  std::vector<int64_t> v_shape = k_shape;
+  v_shape.back() = s.headdim_v;
+  const std::string shape_text =
+      packed ? "(total_k_new, num_heads_k, " : "(batch_size, seqlen_new, num_heads_k, ";
+  require_shape(*a.k, "k", k_shape, "k must have shape " + shape_text + "headdim)");
+  require_shape(*a.v, "v", v_shape, "v must have shape " + shape_text + "headdim_v)");
+  if (!packed && a.k->size(1) > s.seqlen_k) {
+    fail(ErrorKind::invalid_value, "k",
+         "If k_new is supplied, it must have seqlen <= the seqlen of the KV cache (k has " +
+             to_string(a.k->size(1)) + " new tokens per sequence, the cache holds " +
+             to_string(s.seqlen_k) + ")");
+  }
+}
+
+void check_scheduler_metadata(const KvCacheArgs& a) {
+  if (!a.scheduler_metadata) return;
+  if (a.plan) {
+    fail(ErrorKind::invalid_value, "scheduler_metadata",
+         "give either a Plan or scheduler_metadata, not both (both are given)");
+  }
+  const TensorView& m = *a.scheduler_metadata;
+  require_dtype(m, "scheduler_metadata", DType::i32, "scheduler_metadata must have dtype int32");
+  require_rank(m, "scheduler_metadata", 1, "(metadata_size,)");
+  require_contiguous(m, "scheduler_metadata");
+}
+
+// Step 17, first part: the absorbed query qv (MLA).
+void check_qv(const KvCacheArgs& a, const CallShape& s) {
+  if (!a.qv) return;
+  const TensorView& qv = *a.qv;
+  if ((a.q || a.k_cache) && s.headdim > 64) {
+    fail(ErrorKind::invalid_value, "qv",
+         "q_v is only supported for head_size <= 64 (headdim is " + to_string(s.headdim) + ")");
+  }
+  if (s.headdim_v < 256) {
+    fail(ErrorKind::invalid_value, "qv",
+         "q_v is only supported for hdim_v >= 256. (headdim_v is " + to_string(s.headdim_v) + ")");
+  }
+  if (!is_16bit(qv.dtype) && qv.dtype != DType::f32) {
+    fail(ErrorKind::invalid_type, "qv",
+         std::string("q_v is only supported for fp16 and bf16 data type (and float32 on the "
+                     "CPU; got ") +
+             dtype_name(qv.dtype) + ")");
+  }
+  if (a.q) require_dtype(qv, "qv", a.q->dtype, "q_v must have the same dtype as query");
+  require_last_dim_contiguous(qv, "qv", "q_v tensor must have contiguous last dimension");
+  std::vector<int64_t> shape = {s.total_q, s.num_heads, s.headdim_v};
+  if (!s.varlen_q) shape = {s.batch, s.seqlen_q, s.num_heads, s.headdim_v};
+  require_shape(qv, "qv", shape,
+                s.varlen_q ? "q_v must have shape (total_q, num_heads, headdim_v)"
+                           : "q_v must have shape (batch_size, seqlen_q, num_heads, headdim_v)");
+}
+
+// Step 17, second part: rotary tables.
+void check_rotary(const KvCacheArgs& a, const CallShape& s) {
+  const std::string b_shape = "(batch_size,) = (" + to_string(s.batch) + ",)";
+  check_index_tensor(a.rotary_seqlens, "rotary_seqlens", {s.batch}, b_shape);
+  if (!a.rotary_cos && !a.rotary_sin) return;
+  if (!a.rotary_sin) {
+    fail(ErrorKind::invalid_value, "rotary_sin",
+         "If rotary cos is provided, rotary sin must also be provided");
+  }
+  if (!a.rotary_cos) {
+    fail(ErrorKind::invalid_value, "rotary_cos",
+         "If rotary sin is provided, rotary cos must also be provided");
+  }
+  if (!a.k) {
+    fail(ErrorKind::invalid_value, "rotary_cos",
+         "If rotary cos/sin are provided, new key / value to be appended to KV cache must also "
+         "be provided (k and v are None)");
+  }
+  const TensorView& cos = *a.rotary_cos;
+  require_rank(cos, "rotary_cos", 2, "(seqlen_ro, rotary_dim / 2)");
+  const int64_t rotary_dim = 2 * cos.size(1);
+  if (rotary_dim > s.headdim) {
+    fail(ErrorKind::invalid_value, "rotary_cos",
+         "rotary_dim must be <= headdim (rotary_dim = 2 * rotary_cos.shape[1] is " +
+             to_string(rotary_dim) + ", headdim is " + to_string(s.headdim) + ")");
+  }
+  if (rotary_dim % 16 != 0) {
+    fail(ErrorKind::invalid_value, "rotary_cos",
+         "Only rotary dimensions divisible by 16 are currently supported (rotary_dim is " +
+             to_string(rotary_dim) + ")");
+  }
+  for (const auto& [t, name] :
+       {std::pair{&cos, "rotary_cos"}, std::pair{&*a.rotary_sin, "rotary_sin"}}) {
+    require_shape(*t, name, {cos.size(0), cos.size(1)},
+                  std::string(name) + " must have shape (seqlen_ro, rotary_dim / 2)");
+    require_contiguous(*t, name);
+    require_dtype(*t, name, s.dtype, std::string(name) + " must have the same dtype as query");
+  }
+  if (s.paged && cos.size(0) < s.seqlen_k) {
+    fail(ErrorKind::invalid_value, "rotary_cos",
+         "cos/sin seqlen must be at least the seqlen of KV cache (rotary_cos has " +
+             to_string(cos.size(0)) + " rows, the paged cache holds " + to_string(s.seqlen_k) +
+             " tokens per sequence)");
+  }
+}
+
+// Step 17, last part: cache_batch_idx, fp8 descales, sinks.
+void check_extras(const KvCacheArgs& a, const CallShape& s) {
+  const std::string b_shape = "(batch_size,) = (" + to_string(s.batch) + ",)";
+  check_index_tensor(a.cache_batch_idx, "cache_batch_idx", {s.batch}, b_shape);
+  if (s.dtype == DType::e4m3) {
+    for (const auto& [t, name] :
+         {std::pair{&a.q_descale, "q_descale"}, std::pair{&a.k_descale, "k_descale"},
+          std::pair{&a.v_descale, "v_descale"}}) {
+      if (!*t) continue;
+      require_dtype(**t, name, DType::f32, std::string(name) + " must have dtype float32");
+      require_shape(**t, name, {s.batch, s.num_heads_k},
+                    std::string(name) + " must have shape (batch_size, num_heads_k)");
+    }
+  }
+  if (a.sinks) {
+    const TensorView& sinks = *a.sinks;
+    if (sinks.dtype != DType::f32 && sinks.dtype != DType::bf16) {
+      fail(ErrorKind::invalid_type, "sinks",
+           std::string("sinks must have dtype float32 or bfloat16 (got ") +
+               dtype_name(sinks.dtype) + ")");
+    }
+    require_shape(sinks, "sinks", {s.num_heads}, "sinks must have shape (num_heads)");
+    require_contiguous(sinks, "sinks");
+  }
+}
+
+}  // namespace
+
+}  // namespace kvflash::core
+
+namespace kvflash {
+
+void validate(const KvCacheArgs& args) {
+  using namespace core;
+  check_presence(args);
+  check_inputs(args);
+  check_layout_tensors(args);
+  const CallShape shape = call_shape(args);
+  check_heads(args, shape);
+  check_scalars(args);
+  check_shapes(args, shape);
+  check_new_kv(args, shape);
+  check_scheduler_metadata(args);
+  check_qv(args, shape);
+  check_rotary(args, shape);
+  check_extras(args, shape);
+}
+
+}  // namespace kvflash

@@ -1,0 +1,694 @@
+// The planner: tile table, FA3's heuristics (expected values computed by hand from spec 6),
+// the FA3 int32 layout round trip, and the checks that reject a Plan made for another problem.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/heuristics.h"
+#include "core/mask.h"
+#include "core/planner.h"
+#include "core/problem.h"
+#include "core/tile_size.h"
+#include "kvflash/errors.h"
+#include "kvflash/kvflash.h"
+
+namespace kvflash::core {
+namespace {
+
+// The tile table is constexpr: kernels instantiate templates from it.
+static_assert(tile_size_sm90({128, 128}).block_n == 176);
+static_assert(tile_size_sm90({128, 128, 2, /*causal=*/true}).block_n == 128);
+static_assert(tile_size_sm90({64, 512}).block_m == 64);
+static_assert(tile_size_sm90({256, 256, /*elem_bytes=*/1}).block_n == 128);
+static_assert(tile_size(80, {128, 128}).block_m == 128 && tile_size(80, {128, 128}).block_n == 64);
+static_assert(tile_size(0, {64, 64}).block_n == 128);
+static_assert(tile_size(0, {256, 256}).block_m == 64);
+
+// A decode-shaped key: 32 query heads over 8 KV heads, d = 128, bf16, one query row.
+PlanKey decode_key(int batch, int max_seqlen_k, int arch = 90, int num_sms = 132) {
+  PlanKey key;
+  key.batch = batch;
+  key.max_seqlen_q = 1;
+  key.max_seqlen_k = max_seqlen_k;
+  key.num_heads = 32;
+  key.num_heads_k = 8;
+  key.headdim = 128;
+  key.headdim_v = 128;
+  key.dtype = DType::bf16;
+  return canonical_key(key, DeviceInfo{num_sms, arch});
+}
+
+Plan plan_for(const PlanKey& key, const std::vector<SeqLengths>& lengths) {
+  Plan plan = static_plan(key);
+  plan_batches(plan, lengths);
+  return plan;
+}
+
+std::vector<SeqLengths> same_lengths(int batch, int seqlen_q, int seqlen_k) {
+  return std::vector<SeqLengths>(static_cast<size_t>(batch), SeqLengths{seqlen_q, seqlen_k});
+}
+
+// Runs `f`, expecting an Error whose message contains every one of `parts`.
+template <class F>
+void expect_error(F&& f, std::initializer_list<std::string> parts,
+                  ErrorKind kind = ErrorKind::invalid_value) {
+  try {
+    f();
+    ADD_FAILURE() << "no Error thrown; expected one mentioning " << *parts.begin();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), kind) << e.what();
+    for (const std::string& part : parts) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "message \"" << e.what() << "\" lacks \"" << part << "\"";
+    }
+  }
+}
+
+TEST(PlanHeuristics, SplitsFillTheSmsByWaveEfficiency) {
+  // 8 tiles on 132 SMs, 47 key blocks: s splits make 8s tiles; 15 is the fewest reaching 85% of
+  // the best efficiency (33 splits = exactly 2 waves); 14 gives 112/132 = 0.848.
+  EXPECT_EQ(num_splits_heuristic(8, 132, 47, 1, 1 << 20, false, 128), 15);
+  EXPECT_EQ(num_splits_heuristic(8, 132, 4, 1, 1 << 20, false, 128), 1);  // too few key blocks
+  // SMs nearly full: no split unless one KV head overflows the 50 MB L2 (120 MB: 3 splits) with
+  // many query tiles, and never for causal/local.
+  EXPECT_EQ(num_splits_heuristic(200, 132, 47, 1, 1 << 20, false, 128), 1);
+  EXPECT_EQ(num_splits_heuristic(1000, 132, 1000, 300, 120ll << 20, false, 128), 3);
+  EXPECT_EQ(num_splits_heuristic(1000, 132, 1000, 300, 120ll << 20, true, 128), 1);
+  EXPECT_EQ(num_splits_heuristic(1000, 132, 1000, 100, 120ll << 20, false, 128), 1);
+}
+
+TEST(PlanHeuristics, LongContextDecodeSplitsOnHopper) {
+  // d = 128, non-causal, not paged: tile (128, 176); 8192 keys = 47 blocks; the upper bound
+  // assumes one sequence: 8 KV heads x 1 M tile = 8 tiles -> 15 (see above).
+  const Plan one = plan_for(decode_key(1, 8192), same_lengths(1, 1, 8192));
+  EXPECT_EQ(one.block_m, 128);
+  EXPECT_EQ(one.block_n, 176);
+  EXPECT_EQ(one.num_splits, 15);
+  EXPECT_TRUE(one.pack_gqa);  // forced by the split
+  // Dynamic: 47 blocks x 1.1 x 8 heads / 132 SMs -> 4 blocks per SM -> ceil(47 / 4) = 12.
+  EXPECT_EQ(one.num_splits_dynamic, std::vector<int32_t>{12});
+  EXPECT_EQ(one.num_m_blocks, std::vector<int32_t>{1});
+
+  // 64 such sequences: 3008 blocks -> 201 per SM -> one split each (15 stays the upper bound).
+  const Plan many = plan_for(decode_key(64, 8192), same_lengths(64, 1, 8192));
+  EXPECT_EQ(many.num_splits, 15);
+  EXPECT_EQ(many.num_splits_dynamic, std::vector<int32_t>(64, 1));
+
+  // Above 992 sequences the bound counts the whole batch (8000 tiles): no split at all.
+  const Plan huge = static_plan(decode_key(1000, 8192));
+  EXPECT_EQ(huge.num_splits, 1);
+  EXPECT_TRUE(huge.has_semaphore);  // sm90's scheduler always has one
+}
+
+TEST(PlanHeuristics, PackGqa) {
+  EXPECT_TRUE(should_pack_gqa(true, 128, 4, 128));    // varlen q
+  EXPECT_TRUE(should_pack_gqa(false, 1, 8, 128));     // 1/128 filled vs 8/128
+  EXPECT_FALSE(should_pack_gqa(false, 128, 4, 128));  // already full tiles
+  PlanKey key = decode_key(1, 1024, 90);
+  key.num_splits = 1;
+  const MaskShape mask = normalise_mask(key);
+  const TileSize tile = tile_size(90, tile_inputs(key, mask, false));
+  EXPECT_TRUE(get_pack_gqa(key, tile, false, 1));
+  key.pack_gqa = 0;  // a request is honoured where nothing forces packing
+  EXPECT_FALSE(get_pack_gqa(key, tile, false, 1));
+  EXPECT_TRUE(get_pack_gqa(key, tile, false, 2));  // splits force it
+  key.arch = 80;
+  EXPECT_TRUE(get_pack_gqa(key, tile, false, 1));  // sm8x kernels are packed
+  key = decode_key(1, 1024, 90);
+  key.num_heads_k = 32;
+  EXPECT_FALSE(get_pack_gqa(key, tile, false, 1));  // nothing to pack
+}
+
+TEST(PlanHeuristics, WindowNormalisation) {
+  PlanKey key = decode_key(1, 4096);
+  key.causal = true;
+  MaskShape mask = normalise_mask(key);  // one query row: causal is dropped
+  EXPECT_FALSE(mask.is_causal);
+  EXPECT_FALSE(mask.is_local);
+  key.page_size = 16;  // ... except d in (64, 128] with paged KV
+  EXPECT_TRUE(normalise_mask(key).is_causal);
+
+  key = decode_key(1, 4096);
+  key.max_seqlen_q = 64;
+  key.causal = true;
+  mask = normalise_mask(key);
+  EXPECT_TRUE(mask.is_causal);
+  EXPECT_EQ(mask.window_left, 4095);
+  EXPECT_EQ(mask.window_right, 0);
+  key.window_left = 4095;  // covers the whole cache: still causal
+  EXPECT_TRUE(normalise_mask(key).is_causal);
+  key.window_left = 100;
+  mask = normalise_mask(key);
+  EXPECT_TRUE(mask.is_local);
+  EXPECT_EQ(mask.window_left, 100);
+  key = decode_key(1, 4096);
+  key.max_seqlen_q = 64;
+  key.attention_chunk = 32;
+  mask = normalise_mask(key);
+  EXPECT_TRUE(mask.is_local);
+  EXPECT_EQ(mask.window_left, 31);
+  EXPECT_EQ(mask.window_right, 31);
+}
+
+TEST(PlanHeuristics, PagedTma) {
+  PlanKey key = decode_key(1, 4096);
+  key.max_seqlen_q = 64;  // 64 x 4 packed rows > block_m 128
+  key.causal = true;      // tile (128, 128)
+  key.page_size = 256;
+  EXPECT_TRUE(use_pagedkv_tma(key, normalise_mask(key)));
+  key.page_size = 64;  // not a multiple of block_n
+  EXPECT_FALSE(use_pagedkv_tma(key, normalise_mask(key)));
+  key.page_size = 256;
+  key.has_leftpad = true;
+  EXPECT_FALSE(use_pagedkv_tma(key, normalise_mask(key)));
+  key.has_leftpad = false;
+  key.max_seqlen_k_new = 1;
+  EXPECT_FALSE(use_pagedkv_tma(key, normalise_mask(key)));
+  key.max_seqlen_k_new = 0;
+  key.max_seqlen_q = 16;  // 64 packed rows: too short for TMA
+  EXPECT_FALSE(use_pagedkv_tma(key, normalise_mask(key)));
+  key.max_seqlen_q = 64;
+  key.arch = 80;
+  EXPECT_FALSE(use_pagedkv_tma(key, normalise_mask(key)));
+}
+
+TEST(PlanHeuristics, BatchOrderAndHeadsInL2) {
+  PlanKey key = decode_key(3, 4096);
+  key.max_seqlen_q = 128;
+  key.causal = true;
+  key.num_splits = 1;
+  // Causal: ordered by n * block_n - m * block_m, longest first, ties in batch order.
+  const Plan plan = plan_for(key, {{128, 1000}, {128, 4000}, {128, 1000}});
+  EXPECT_EQ(plan.batch_order, (std::vector<int32_t>{1, 0, 2}));
+  ASSERT_EQ(plan.num_nheads_in_l2.size(), 3u);
+  // 8 MB / (128 keys x 256 x 2 bytes) = 128 blocks; 8 blocks x 16 heads fits; 32 blocks x 4.
+  // Not packed (128 rows fill tiles), so times the group of 4, at most 32 heads.
+  EXPECT_FALSE(plan.pack_gqa);
+  EXPECT_EQ(plan.num_nheads_in_l2, (std::vector<int32_t>{32, 16, 32}));
+}
+
+// Every field of two plans.
+void expect_same_plan(const Plan& a, const Plan& b) {
+  EXPECT_TRUE(a.key == b.key) << first_difference(a.key, b.key);
+  EXPECT_EQ(a.block_m, b.block_m);
+  EXPECT_EQ(a.block_n, b.block_n);
+  EXPECT_EQ(a.num_splits, b.num_splits);
+  EXPECT_EQ(a.pack_gqa, b.pack_gqa);
+  EXPECT_EQ(a.is_causal, b.is_causal);
+  EXPECT_EQ(a.is_local, b.is_local);
+  EXPECT_EQ(a.num_splits_dynamic, b.num_splits_dynamic);
+  EXPECT_EQ(a.num_m_blocks, b.num_m_blocks);
+  EXPECT_EQ(a.batch_order, b.batch_order);
+  EXPECT_EQ(a.num_nheads_in_l2, b.num_nheads_in_l2);
+  EXPECT_EQ(a.has_semaphore, b.has_semaphore);
+}
+
+// Five sequences of different lengths (b_r = 8) under one mask kind.
+Plan five_sequence_plan(bool causal, int window_left) {
+  PlanKey key = decode_key(5, 8192);
+  key.max_seqlen_q = 16;
+  key.causal = causal;
+  key.window_left = window_left;
+  return plan_for(key, {{16, 100}, {3, 8000}, {16, 2500}, {1, 0}, {9, 5000}});
+}
+
+TEST(PlanLayout, RoundTripAndOffsets) {
+  struct Case {
+    const char* name;
+    Plan plan;
+    size_t vectors;
+  };
+  const Case cases[] = {
+      {"causal", five_sequence_plan(true, -1), 4},  // splits, m, order, heads in L2
+      {"local", five_sequence_plan(false, 256), 3},  // splits, m, heads in L2
+      {"neither", five_sequence_plan(false, -1), 3},  // splits, m, order
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Plan& plan = c.plan;
+    const std::vector<int32_t> data = plan.to_fa3();
+    ASSERT_EQ(data.size(), 8 * c.vectors + 1);  // + the sm90 semaphore word
+    ASSERT_EQ(plan.fa3_size(), data.size());
+    for (size_t i = 0; i < 5; ++i) {
+      const size_t b = plan.is_local ? i : static_cast<size_t>(plan.batch_order[i]);
+      EXPECT_EQ(data[i], plan.num_splits_dynamic[b]);
+      EXPECT_EQ(data[8 + i], plan.num_m_blocks[b]);
+      if (!plan.is_local) EXPECT_EQ(data[16 + i], plan.batch_order[i]);
+      if (plan.is_causal) EXPECT_EQ(data[24 + i], plan.num_nheads_in_l2[b]);
+      if (plan.is_local) EXPECT_EQ(data[16 + i], plan.num_nheads_in_l2[b]);
+    }
+    expect_same_plan(Plan::from_fa3(data.data(), data.size(), plan.key), plan);
+  }
+  EXPECT_TRUE(cases[0].plan.is_causal);
+  EXPECT_TRUE(cases[1].plan.is_local);
+  EXPECT_FALSE(cases[2].plan.is_causal || cases[2].plan.is_local);
+  EXPECT_NE(cases[2].plan.batch_order, (std::vector<int32_t>{0, 1, 2, 3, 4}));  // really sorted
+}
+
+// Many keys and lengths (deterministic): every plan is in range, has FA3's length and survives
+// the round trip.
+TEST(PlanLayout, RandomPlansKeepTheirInvariants) {
+  uint64_t state = 12345;
+  const auto next = [&state](int n) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int>((state >> 33) % static_cast<uint64_t>(n));
+  };
+  const int archs[] = {0, 80, 90};
+  const int headdims[] = {64, 96, 128, 192, 256};
+  const DType dtypes[] = {DType::bf16, DType::f16, DType::e4m3, DType::f32};
+  for (int trial = 0; trial < 300; ++trial) {
+    PlanKey key;
+    key.batch = 1 + next(12);
+    key.max_seqlen_q = 1 + next(300);
+    key.max_seqlen_k = next(20000);
+    key.num_heads_k = 1 + next(8);
+    key.num_heads = key.num_heads_k * (1 + next(8));
+    key.headdim = headdims[next(5)];
+    key.headdim_v = next(4) == 0 ? 512 : key.headdim;
+    key.dtype = dtypes[next(4)];
+    key.page_size = next(3) == 0 ? 0 : 1 << next(9);
+    key.max_seqlen_k_new = next(3) == 0 ? 1 : 0;
+    key.varlen_q = next(2) == 1;
+    key.has_leftpad = next(4) == 0;
+    key.causal = next(2) == 1;
+    key.window_left = next(3) == 0 ? next(5000) : -1;
+    key.window_right = next(4) == 0 ? next(200) : -1;
+    key.attention_chunk = next(5) == 0 ? 64 * (1 + next(8)) : 0;
+    key.has_softcap = next(3) == 0;
+    key.num_splits = next(3) == 0 ? 1 + next(20) : 0;
+    key.pack_gqa = next(3) - 1;
+    key.sm_margin = next(4);
+    key = canonical_key(key, DeviceInfo{1 + next(200), archs[next(3)]});
+    std::vector<SeqLengths> lengths;
+    for (int b = 0; b < key.batch; ++b) {
+      lengths.push_back({next(key.max_seqlen_q + 1), next(key.max_seqlen_k + 1)});
+    }
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const Plan plan = plan_for(key, lengths);
+    ASSERT_NO_THROW(check_plan_vectors(plan));
+    EXPECT_GE(plan.num_splits, 1);
+    EXPECT_LE(plan.num_splits, kMaxSplits);
+    const size_t b_r = (static_cast<size_t>(key.batch) + 3) / 4 * 4;
+    const size_t vectors = 2 + (plan.is_local ? 0 : 1) + (plan.is_causal || plan.is_local ? 1 : 0);
+    const std::vector<int32_t> data = plan.to_fa3();
+    EXPECT_EQ(data.size(), b_r * vectors + (plan.has_semaphore ? 1 : 0));
+    expect_same_plan(Plan::from_fa3(data.data(), data.size(), key), plan);
+  }
+}
+
+TEST(PlanLayout, CpuPlanWithoutSplitsHasNoSemaphore) {
+  PlanKey key = decode_key(2, 1024, /*arch=*/0, /*num_sms=*/4);
+  key.num_splits = 1;
+  const Plan plan = plan_for(key, same_lengths(2, 1, 1024));
+  EXPECT_FALSE(plan.has_semaphore);
+  EXPECT_EQ(plan.to_fa3().size(), 4u * 3);
+  key.num_splits = 3;
+  EXPECT_TRUE(plan_for(key, same_lengths(2, 1, 1024)).has_semaphore);
+}
+
+TEST(PlanLayout, FromFa3RejectsBadLengthAndValues) {
+  const Plan plan = five_sequence_plan(true, -1);  // num_splits > 1, 4 vectors, b_r = 8
+  const std::vector<int32_t> good = plan.to_fa3();
+  ASSERT_GT(plan.num_splits, 1);
+  expect_error([&] { Plan::from_fa3(good.data(), good.size() - 1, plan.key); },
+               {"scheduler_metadata must have shape (33), got (32)"});
+  const auto with = [&](size_t offset, int32_t value) {
+    std::vector<int32_t> bad = good;
+    bad[offset] = value;
+    return bad;
+  };
+  const auto rejects = [&](size_t offset, int32_t value, const char* what) {
+    const std::vector<int32_t> bad = with(offset, value);
+    expect_error([&] { Plan::from_fa3(bad.data(), bad.size(), plan.key); },
+                 {"scheduler_metadata[" + std::to_string(offset) + "] (" + what + ")"});
+  };
+  rejects(1, 0, "num_splits_dynamic");
+  rejects(2, plan.num_splits + 1, "num_splits_dynamic");
+  rejects(9, -1, "num_m_blocks");
+  rejects(9, 1000, "num_m_blocks");  // more tiles than max_seqlen_q has
+  rejects(17, good[16], "batch_order");  // a duplicate
+  rejects(18, 5, "batch_order");         // not a batch index
+  rejects(26, 0, "num_nheads_in_l2");
+  // Padding and the semaphore word are not read.
+  const std::vector<int32_t> padded = with(6, 77);
+  expect_same_plan(Plan::from_fa3(padded.data(), padded.size(), plan.key), plan);
+  const std::vector<int32_t> semaphore = with(32, 123);
+  expect_same_plan(Plan::from_fa3(semaphore.data(), semaphore.size(), plan.key), plan);
+}
+
+TEST(PlanKeys, FirstDifferenceNamesEveryField) {
+  const PlanKey base = decode_key(4, 4096);
+  EXPECT_EQ(first_difference(base, base), "");
+  PlanKey call = base;
+  call.max_seqlen_k = 8192;
+  EXPECT_EQ(first_difference(base, call), "max_seqlen_k (plan made for 4096, call has 8192)");
+
+  struct Change {
+    const char* name;
+    void (*apply)(PlanKey&);
+  };
+  const Change changes[] = {
+      {"batch", [](PlanKey& k) { k.batch = 5; }},
+      {"max_seqlen_q", [](PlanKey& k) { k.max_seqlen_q = 2; }},
+      {"max_seqlen_k", [](PlanKey& k) { k.max_seqlen_k = 1; }},
+      {"num_heads", [](PlanKey& k) { k.num_heads = 16; }},
+      {"num_heads_k", [](PlanKey& k) { k.num_heads_k = 4; }},
+      {"headdim (", [](PlanKey& k) { k.headdim = 64; }},
+      {"headdim_v", [](PlanKey& k) { k.headdim_v = 64; }},
+      {"dtype", [](PlanKey& k) { k.dtype = DType::f16; }},
+      {"page_size", [](PlanKey& k) { k.page_size = 16; }},
+      {"max_seqlen_k_new", [](PlanKey& k) { k.max_seqlen_k_new = 1; }},
+      {"varlen_q", [](PlanKey& k) { k.varlen_q = true; }},
+      {"has_leftpad", [](PlanKey& k) { k.has_leftpad = true; }},
+      {"causal", [](PlanKey& k) { k.causal = true; }},
+      {"window_left", [](PlanKey& k) { k.window_left = 7; }},
+      {"window_right", [](PlanKey& k) { k.window_right = 0; }},
+      {"attention_chunk", [](PlanKey& k) { k.attention_chunk = 64; }},
+      {"has_softcap", [](PlanKey& k) { k.has_softcap = true; }},
+      {"has_qv", [](PlanKey& k) { k.has_qv = true; }},
+      {"num_splits", [](PlanKey& k) { k.num_splits = 2; }},
+      {"pack_gqa", [](PlanKey& k) { k.pack_gqa = 1; }},
+      {"sm_margin", [](PlanKey& k) { k.sm_margin = 4; }},
+      {"num_sms", [](PlanKey& k) { k.num_sms = 114; }},
+      {"arch", [](PlanKey& k) { k.arch = 0; }},
+  };
+  for (const Change& change : changes) {
+    call = base;
+    change.apply(call);
+    const std::string diff = first_difference(base, call);
+    EXPECT_EQ(diff.rfind(change.name, 0), 0u) << change.name << ": " << diff;
+    EXPECT_NE(diff.find("plan made for"), std::string::npos) << diff;
+  }
+  call = base;
+  call.arch = 0;
+  EXPECT_EQ(first_difference(base, call), "arch (plan made for sm90, call has CPU)");
+}
+
+TEST(PlanKeys, CanonicalKeyFoldsEquivalentRequests) {
+  PlanKey a = decode_key(1, 64);
+  PlanKey b = a;
+  a.num_splits = -1;
+  b.num_splits = 0;
+  a.max_seqlen_k_new = 5;
+  b.max_seqlen_k_new = 1;
+  EXPECT_TRUE(canonical_key(a, {132, 90}) == canonical_key(b, {132, 90}));
+}
+
+TEST(PlanCpu, RequestedSplitsAreHonouredPerSequence) {
+  PlanKey key = decode_key(4, 2048, /*arch=*/0, /*num_sms=*/64);
+  key.num_splits = 4;
+  // CPU tile for d = 128: 64 keys per block. 1000 keys = 16 blocks, 100 = 2, 0 = 0, 64 = 1.
+  const Plan plan = plan_for(key, {{1, 1000}, {1, 100}, {1, 0}, {1, 64}});
+  EXPECT_EQ(plan.block_n, 64);
+  EXPECT_EQ(plan.num_splits, 4);
+  EXPECT_EQ(plan.num_splits_dynamic, (std::vector<int32_t>{4, 2, 1, 1}));
+  // The backend's partition covers each sequence's keys exactly, in order.
+  const int seqlen_k = 1000;
+  int next = 0;
+  for (int split = 0; split < plan.num_splits_dynamic[0]; ++split) {
+    const KeyRange r = split_keys(split, plan.num_splits_dynamic[0], seqlen_k, plan.block_n);
+    EXPECT_EQ(r.lo, next);
+    EXPECT_GT(r.hi, r.lo);
+    next = r.hi;
+  }
+  EXPECT_EQ(next, seqlen_k);
+}
+
+TEST(PlanCpu, HeuristicUsesHardwareThreads) {
+  // 2 threads: 8 tiles already fill them, no split. 64 threads: d = 128 CPU tile has 64 keys per
+  // block, 8192 keys = 128 blocks; 8 tiles x s on 64 threads: s = 8 is a full wave, s = 7 the
+  // fewest within 85% of it (56 / 64).
+  EXPECT_EQ(static_plan(decode_key(1, 8192, 0, 2)).num_splits, 1);
+  EXPECT_EQ(static_plan(decode_key(1, 8192, 0, 64)).num_splits, 7);
+}
+
+// A dense CPU problem without length tensors: every sequence has seqlen_q rows and max_seqlen_k
+// keys. Built field by field (what resolve() produces for such a call).
+Problem dense_problem(int batch, int seqlen_q, int seqlen_k) {
+  Problem p;
+  p.device = Device{};
+  p.dtype = DType::bf16;
+  p.out_dtype = DType::bf16;
+  p.batch = batch;
+  p.seqlen_q = seqlen_q;
+  p.total_q = batch * seqlen_q;
+  p.num_heads = 8;
+  p.num_heads_k = 2;
+  p.group = 4;
+  p.headdim = 64;
+  p.headdim_v = 64;
+  p.num_cache_rows = batch;
+  p.seqlen_k = seqlen_k;
+  p.softmax_scale = 0.125f;
+  p.key = plan_key(p, DeviceInfo{8, 0});
+  return p;
+}
+
+void rekey(Problem& p) { p.key = plan_key(p, DeviceInfo{8, 0}); }
+
+TEST(PlanCheck, AcceptsItsOwnPlan) {
+  Problem p = dense_problem(3, 4, 1000);
+  p.args.num_splits = 3;
+  rekey(p);
+  const Plan plan = make_plan(p);
+  EXPECT_EQ(plan.num_splits, 3);
+  EXPECT_EQ(plan.num_splits_dynamic, (std::vector<int32_t>{3, 3, 3}));  // 8 blocks each
+  EXPECT_NO_THROW(check_plan(plan, p));
+}
+
+TEST(PlanCheck, RejectsAPlanMadeForAnotherProblem) {
+  const Problem base = dense_problem(2, 4, 1024);
+  const Plan plan = make_plan(base);
+  struct Change {
+    const char* field;
+    void (*apply)(Problem&);
+  };
+  const Change changes[] = {
+      {"batch", [](Problem& p) { p.batch = 3; }},
+      {"max_seqlen_k", [](Problem& p) { p.seqlen_k = 2048; }},
+      {"window_left", [](Problem& p) { p.args.window_left = 16; }},
+      {"causal", [](Problem& p) { p.args.causal = true; }},
+      {"page_size", [](Problem& p) {
+         p.paged = true;
+         p.page_size = 16;
+       }},
+      {"num_splits", [](Problem& p) { p.args.num_splits = 2; }},
+      {"dtype", [](Problem& p) { p.dtype = DType::f16; }},
+  };
+  for (const Change& change : changes) {
+    Problem call = base;
+    change.apply(call);
+    rekey(call);
+    expect_error([&] { check_plan(plan, call); },
+                 {"scheduler_metadata was made for a different problem: " +
+                  std::string(change.field) + " (plan made for"});
+  }
+}
+
+TEST(PlanCheck, RejectsEditedPlans) {
+  Problem p = dense_problem(2, 4, 1024);
+  p.args.num_splits = 4;
+  rekey(p);
+  const Plan good = make_plan(p);
+
+  Plan plan = good;
+  plan.block_n = 32;
+  expect_error([&] { check_plan(plan, p); }, {"scheduler_metadata", "block_n is 32"});
+  plan = good;
+  plan.num_splits = 8;  // out_accum would be sized for 4
+  expect_error([&] { check_plan(plan, p); }, {"num_splits is 8"});
+  plan = good;
+  plan.num_splits_dynamic[1] = 5;
+  expect_error([&] { check_plan(plan, p); }, {"num_splits_dynamic[1] is 5"});
+  plan = good;
+  plan.num_m_blocks.pop_back();
+  expect_error([&] { check_plan(plan, p); }, {"num_m_blocks has 1 entries, expected 2"});
+  plan = good;
+  plan.batch_order = {1, 1};
+  expect_error([&] { check_plan(plan, p); }, {"batch_order[1] is 1"});
+  plan = good;
+  plan.num_m_blocks[0] = 0;  // in range, but this call's 4 rows (x 4 heads packed) need a tile
+  expect_error([&] { check_plan(plan, p); }, {"num_m_blocks[0] is 0", "4 query rows"});
+}
+
+TEST(PlanCheck, MetadataTensor) {
+  Problem p = dense_problem(2, 4, 1024);
+  p.args.num_splits = 4;
+  rekey(p);
+  std::vector<int32_t> data = make_plan(p).to_fa3();
+  const int64_t n = static_cast<int64_t>(data.size());
+  const TensorView good = TensorView::contiguous(data.data(), DType::i32, {n});
+  expect_same_plan(plan_from_metadata(good, p), make_plan(p));
+
+  const TensorView shorter = TensorView::contiguous(data.data(), DType::i32, {n - 1});
+  expect_error([&] { plan_from_metadata(shorter, p); },
+               {"scheduler_metadata must have shape (" + std::to_string(n) + "), got (" +
+                std::to_string(n - 1) + ")"});
+  const TensorView wrong_type = TensorView::contiguous(data.data(), DType::f32, {n});
+  expect_error([&] { plan_from_metadata(wrong_type, p); },
+               {"scheduler_metadata must have dtype int32"}, ErrorKind::invalid_type);
+  data[0] = 9;  // more splits than the plan's 4
+  expect_error([&] { plan_from_metadata(good, p); },
+               {"scheduler_metadata[0] (num_splits_dynamic) is 9"});
+}
+
+TEST(SchedulerMetadata, MatchesTheCallAndReadsLengths) {
+  std::vector<int32_t> cache_seqlens = {1000, 10};
+  SchedulerArgs args;
+  args.batch_size = 2;
+  args.max_seqlen_q = 4;
+  args.max_seqlen_k = 1024;
+  args.num_heads_q = 8;
+  args.num_heads_kv = 2;
+  args.headdim = 64;
+  args.num_splits = 4;
+  args.cache_seqlens = TensorView::contiguous(cache_seqlens.data(), DType::i32, {2});
+  const Plan plan = get_scheduler_metadata(args);
+
+  Problem p = dense_problem(2, 4, 1024);
+  p.args.num_splits = 4;
+  p.key = plan_key(p, device_info(Device{}));
+  EXPECT_TRUE(plan.key == p.key) << first_difference(plan.key, p.key);
+  // CPU tile for d = 64: 128 keys per block: 1000 keys = 8 blocks -> 4 splits, 10 keys -> 1.
+  EXPECT_EQ(plan.num_splits_dynamic, (std::vector<int32_t>{4, 1}));
+  EXPECT_NO_THROW(check_plan(plan, p));
+
+  args.window_left = 10;
+  expect_error([&] { check_plan(get_scheduler_metadata(args), p); },
+               {"window_left (plan made for 10, call has -1)"});
+}
+
+TEST(SchedulerMetadata, RejectsBadArguments) {
+  SchedulerArgs args;
+  args.batch_size = 1;
+  args.max_seqlen_q = 1;
+  args.max_seqlen_k = 128;
+  args.num_heads_q = 6;
+  args.num_heads_kv = 4;
+  args.headdim = 64;
+  expect_error([&] { get_scheduler_metadata(args); },
+               {"Number of heads in key/value must divide number of heads in query"});
+  args.num_heads_kv = 2;
+  args.qkv_dtype = DType::i32;
+  expect_error([&] { get_scheduler_metadata(args); },
+               {"FlashAttention only supports fp16, bf16, and fp8_e4m3 data type"},
+               ErrorKind::invalid_type);
+  args.qkv_dtype = DType::f32;  // the CPU backend takes float32
+  EXPECT_NO_THROW(get_scheduler_metadata(args));
+  args.num_splits = 257;
+  expect_error([&] { get_scheduler_metadata(args); }, {"num_splits > 256 not supported"});
+  args.num_splits = 0;
+  std::vector<int32_t> lengths = {5, 3};  // one entry too many
+  args.cache_seqlens = TensorView::contiguous(lengths.data(), DType::i32, {2});
+  expect_error([&] { get_scheduler_metadata(args); },
+               {"cache_seqlens must have shape (1), got (2)"});
+  std::vector<int32_t> cu = {0, 3};  // 3 rows > max_seqlen_q
+  args.cache_seqlens.reset();
+  args.cu_seqlens_q = TensorView::contiguous(cu.data(), DType::i32, {2});
+  expect_error([&] { get_scheduler_metadata(args); }, {"cu_seqlens_q", "more than max_seqlen_q"});
+}
+
+// A small float32 decode call on the CPU: 2 sequences (400 and 37 cached keys of 512), 4 query
+// heads over 2 KV heads, d = 64 (CPU tile: 128 keys per block, so 4 and 1 key blocks).
+class PublicCall : public ::testing::Test {
+ protected:
+  static constexpr int kBatch = 2, kHeads = 4, kHeadsK = 2, kDim = 64, kCapacity = 512;
+
+  PublicCall()
+      : q_(fill(kBatch * kHeads * kDim, 1)),
+        k_cache_(fill(kBatch * kCapacity * kHeadsK * kDim, 2)),
+        v_cache_(fill(kBatch * kCapacity * kHeadsK * kDim, 3)),
+        cache_seqlens_{400, 37} {
+    args_.q = TensorView::contiguous(q_.data(), DType::f32, {kBatch, 1, kHeads, kDim});
+    args_.k_cache = TensorView::contiguous(k_cache_.data(), DType::f32,
+                                           {kBatch, kCapacity, kHeadsK, kDim});
+    args_.v_cache = TensorView::contiguous(v_cache_.data(), DType::f32,
+                                           {kBatch, kCapacity, kHeadsK, kDim});
+    args_.cache_seqlens = TensorView::contiguous(cache_seqlens_.data(), DType::i32, {kBatch});
+    args_.num_splits = 4;
+  }
+
+  static std::vector<float> fill(size_t n, uint32_t seed) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = std::sin(0.37f * static_cast<float>(i * seed + seed));
+    return v;
+  }
+
+  SchedulerArgs scheduler_args() const {
+    SchedulerArgs s;
+    s.batch_size = kBatch;
+    s.max_seqlen_q = 1;
+    s.max_seqlen_k = kCapacity;
+    s.num_heads_q = kHeads;
+    s.num_heads_kv = kHeadsK;
+    s.headdim = kDim;
+    s.qkv_dtype = DType::f32;
+    s.cache_seqlens = args_.cache_seqlens;
+    s.num_splits = 4;
+    return s;
+  }
+
+  std::vector<float> run(const KvCacheArgs& args) const {
+    std::vector<float> out(kBatch * kHeads * kDim, -7.0f);
+    Outputs outputs{TensorView::contiguous(out.data(), DType::f32, {kBatch, 1, kHeads, kDim})};
+    flash_attn_with_kvcache(args, outputs);
+    return out;
+  }
+
+  std::vector<float> q_, k_cache_, v_cache_;
+  std::vector<int32_t> cache_seqlens_;
+  KvCacheArgs args_;
+};
+
+TEST_F(PublicCall, PrecomputedPlanIsAcceptedAndAgrees) {
+  const Plan plan = get_scheduler_metadata(scheduler_args());
+  EXPECT_EQ(plan.num_splits_dynamic, (std::vector<int32_t>{4, 1}));
+  const std::vector<float> fresh = run(args_);
+
+  KvCacheArgs with_plan = args_;
+  with_plan.plan = &plan;
+  EXPECT_EQ(run(with_plan), fresh);
+
+  std::vector<int32_t> metadata = plan.to_fa3();
+  KvCacheArgs with_tensor = args_;
+  with_tensor.scheduler_metadata = TensorView::contiguous(
+      metadata.data(), DType::i32, {static_cast<int64_t>(metadata.size())});
+  EXPECT_EQ(run(with_tensor), fresh);
+
+  // Splitting changes only the order of the sums.
+  KvCacheArgs unsplit = args_;
+  unsplit.num_splits = 1;
+  const std::vector<float> reference = run(unsplit);
+  for (size_t i = 0; i < fresh.size(); ++i) EXPECT_NEAR(fresh[i], reference[i], 1e-5f) << i;
+}
+
+TEST_F(PublicCall, PlanForAnotherProblemIsAnErrorAndWritesNothing) {
+  SchedulerArgs other = scheduler_args();
+  other.max_seqlen_k = 4096;
+  const Plan plan = get_scheduler_metadata(other);
+  KvCacheArgs call = args_;
+  call.plan = &plan;
+  std::vector<float> out(kBatch * kHeads * kDim, -7.0f);
+  Outputs outputs{TensorView::contiguous(out.data(), DType::f32, {kBatch, 1, kHeads, kDim})};
+  expect_error([&] { flash_attn_with_kvcache(call, outputs); },
+               {"scheduler_metadata was made for a different problem: max_seqlen_k (plan made "
+                "for 4096, call has 512)"});
+  EXPECT_EQ(out, std::vector<float>(out.size(), -7.0f));
+
+  // FA3's tensor form: a layout of another length is named by its shape.
+  other = scheduler_args();
+  other.causal = true;
+  other.max_seqlen_q = 2;  // keeps causal: 4 vectors instead of 3
+  std::vector<int32_t> metadata = get_scheduler_metadata(other).to_fa3();
+  call = args_;
+  call.scheduler_metadata = TensorView::contiguous(metadata.data(), DType::i32,
+                                                   {static_cast<int64_t>(metadata.size())});
+  expect_error([&] { flash_attn_with_kvcache(call, outputs); },
+               {"scheduler_metadata must have shape (13), got (17)"});
+}
+
+}  // namespace
+}  // namespace kvflash::core
