@@ -1,0 +1,367 @@
+// The reference is written as a reader of the spec would compute it by hand: every length resolved
+// per sequence, every key found by walking the page table, every score of the (S_q x S_k) matrix
+// materialised in float64 and every mask rule tested literally. Speed is not a goal.
+#include "oracle/oracle.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "oracle/scalar_types.h"
+
+namespace kvflash::oracle {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Static sizes of the call (spec 3.1 and 4 step 6).
+struct Shapes {
+  int batch = 0, seqlen_q = 0, num_heads = 0, num_heads_k = 0, headdim = 0, headdim_v = 0;
+  int64_t total_q = 0;
+  bool varlen_q = false, paged = false, has_new = false, new_packed = false;
+  int page_size = 1, capacity = 0;  // capacity: s_k, the static number of positions of a sequence
+  int rotary_dim = 0;
+  bool fp8 = false;
+  DType dtype = DType::bf16;
+};
+
+// Lengths of one batch element (spec 5.1).
+struct Sequence {
+  int64_t q_offset = 0;
+  int seqlen_q = 0, leftpad = 0, cache_len = 0, seqlen_new = 0, seqlen_k = 0;
+  int64_t new_offset = 0;
+  int rotary_start = 0, cache_row = 0;
+};
+
+Shapes read_shapes(const KvCacheArgs& a) {
+  Shapes s;
+  const TensorView& v_cache = *a.v_cache;
+  const TensorView& query = a.q ? *a.q : *a.qv;  // q may be absent with only_qv
+  s.varlen_q = a.cu_seqlens_q.has_value();
+  s.batch = s.varlen_q ? static_cast<int>(a.cu_seqlens_q->shape[0] - 1)
+                       : static_cast<int>(query.shape[0]);
+  s.seqlen_q = s.varlen_q ? *a.max_seqlen_q : static_cast<int>(query.shape[1]);
+  s.total_q = s.varlen_q ? query.shape[0] : int64_t{s.batch} * s.seqlen_q;
+  s.num_heads = static_cast<int>(query.size(-2));
+  s.num_heads_k = static_cast<int>(v_cache.size(-2));
+  s.headdim = a.q ? static_cast<int>(a.q->size(-1)) : 0;
+  s.headdim_v = static_cast<int>(v_cache.size(-1));
+  s.paged = a.page_table.has_value();
+  s.page_size = s.paged ? static_cast<int>(v_cache.shape[1]) : 1;
+  s.capacity = s.paged ? static_cast<int>(a.page_table->shape[1]) * s.page_size
+                       : static_cast<int>(v_cache.shape[1]);
+  s.has_new = a.k.has_value();
+  s.new_packed = s.has_new && a.cu_seqlens_k_new.has_value();
+  s.rotary_dim = a.rotary_cos ? static_cast<int>(2 * a.rotary_cos->shape[1]) : 0;
+  s.dtype = a.q ? a.q->dtype : v_cache.dtype;
+  s.fp8 = s.dtype == DType::e4m3;
+  return s;
+}
+
+Sequence read_sequence(const KvCacheArgs& a, const Shapes& s, int b) {
+  Sequence q;
+  if (s.varlen_q) {
+    q.q_offset = int_at(*a.cu_seqlens_q, b);
+    q.seqlen_q = int_at(*a.cu_seqlens_q, b + 1) - int_at(*a.cu_seqlens_q, b);
+  } else {
+    q.q_offset = int64_t{b} * s.seqlen_q;
+    q.seqlen_q = s.seqlen_q;
+  }
+  q.leftpad = a.cache_leftpad ? int_at(*a.cache_leftpad, b) : 0;
+  if (a.cache_seqlens) {
+    q.cache_len = int_at(*a.cache_seqlens, b);
+  } else if (a.cache_seqlens_value) {
+    q.cache_len = *a.cache_seqlens_value;  // one int for every sequence of the batch
+  } else {
+    q.cache_len = s.capacity;
+  }
+  if (s.new_packed) {
+    q.new_offset = int_at(*a.cu_seqlens_k_new, b);
+    q.seqlen_new = int_at(*a.cu_seqlens_k_new, b + 1) - int_at(*a.cu_seqlens_k_new, b);
+  } else if (s.has_new) {
+    q.seqlen_new = static_cast<int>(a.k->shape[1]);
+  }
+  q.seqlen_k = q.cache_len - q.leftpad + q.seqlen_new;
+  q.rotary_start = a.rotary_seqlens ? int_at(*a.rotary_seqlens, b) : q.cache_len;
+  q.cache_row = a.cache_batch_idx ? int_at(*a.cache_batch_idx, b) : b;
+  return q;
+}
+
+// Element offset of channel 0 of (absolute position, kv head) of a sequence's cache row:
+// dense caches index (row, position); paged ones look the page up in the row's page table.
+int64_t cache_offset(const KvCacheArgs& a, const Shapes& s, const TensorView& cache, int row,
+                     int position, int head_k) {
+  if (!s.paged) return offset_of(cache, {row, position, head_k, 0});
+  const int64_t page = a.page_table->ptr<int32_t>()[offset_of(*a.page_table,
+                                                              {row, position / s.page_size})];
+  return offset_of(cache, {page, position % s.page_size, head_k, 0});
+}
+
+// Rotary (spec 5.2): pairs (2p, 2p+1) interleaved or (p, p + dim/2), rotated by the cos/sin row
+// of `position`, in fp32. Writes the fp32 results and, per channel, the exact value and the
+// magnitude of the products (for the comparison's rounding bound).
+void rotate(const KvCacheArgs& a, int rotary_dim, int position, std::vector<float>& x,
+            std::vector<double>* exact, std::vector<double>* cancellation) {
+  const int half = rotary_dim / 2;
+  for (int p = 0; p < half; ++p) {
+    const int first = a.rotary_interleaved ? 2 * p : p;
+    const int second = a.rotary_interleaved ? 2 * p + 1 : p + half;
+    const auto c = static_cast<float>(element_value(*a.rotary_cos, offset_of(*a.rotary_cos, {position, p})));
+    const auto sn = static_cast<float>(element_value(*a.rotary_sin, offset_of(*a.rotary_sin, {position, p})));
+    const float x1 = x[first], x2 = x[second];
+    const float r1 = x1 * c - x2 * sn;
+    const float r2 = x1 * sn + x2 * c;
+    if (exact) {
+      (*exact)[first] = double{x1} * c - double{x2} * sn;
+      (*exact)[second] = double{x1} * sn + double{x2} * c;
+      (*cancellation)[first] = std::fabs(double{x1} * c) + std::fabs(double{x2} * sn);
+      (*cancellation)[second] = std::fabs(double{x1} * sn) + std::fabs(double{x2} * c);
+    }
+    x[first] = r1;
+    x[second] = r2;
+  }
+}
+
+// Whether queries are rotated per row (position R + i) or all at R: the spec's is_causal ||
+// is_local, which uses the window *after* normalisation with the static sizes (spec 5.4 1-4).
+bool rotate_queries_per_row(const KvCacheArgs& a, const Shapes& s) {
+  int left = a.window_left, right = a.window_right;
+  if (left >= s.capacity - 1) left = -1;
+  if (right >= s.seqlen_q - 1) right = -1;
+  if (a.causal) right = 0;
+  return left >= 0 || right >= 0 || a.attention_chunk > 0;
+}
+
+// Appends the sequence's new rows (spec 5.2) and returns them as values, (t, h_k, d|d_v).
+void append_new_rows(const KvCacheArgs& a, const Shapes& s, const Sequence& q, int b,
+                     bool value_side, std::vector<double>& rows, OracleResult& result) {
+  const TensorView& source = value_side ? *a.v : *a.k;
+  const TensorView& cache = value_side ? *a.v_cache : *a.k_cache;
+  const int dim = static_cast<int>(source.size(-1));
+  const int rotary_dim = value_side ? 0 : s.rotary_dim;  // V is never rotated
+  rows.assign(static_cast<size_t>(q.seqlen_new) * s.num_heads_k * dim, 0.0);
+  std::vector<float> x(dim);
+  std::vector<double> exact(dim), cancellation(dim);
+  for (int t = 0; t < q.seqlen_new; ++t) {
+    for (int hk = 0; hk < s.num_heads_k; ++hk) {
+      const int64_t row = s.new_packed ? offset_of(source, {q.new_offset + t, hk, 0})
+                                       : offset_of(source, {b, t, hk, 0});
+      for (int c = 0; c < dim; ++c) {
+        x[c] = static_cast<float>(element_value(source, row + c * source.stride(-1)));
+      }
+      if (rotary_dim > 0) rotate(a, rotary_dim, q.rotary_start + t, x, &exact, &cancellation);
+      const int64_t target = cache_offset(a, s, cache, q.cache_row, q.cache_len + t, hk);
+      for (int c = 0; c < dim; ++c) {
+        AppendedElement e;
+        e.in_v_cache = value_side;
+        e.offset = target + c * cache.stride(-1);
+        e.rotated = c < rotary_dim;
+        e.bits = e.rotated ? round_to_storage(cache.dtype, x[c])
+                           : element_bits(source, row + c * source.stride(-1));
+        e.exact = e.rotated ? exact[c] : bits_value(cache.dtype, e.bits);
+        e.cancellation = e.rotated ? cancellation[c] : 0.0;
+        rows[(static_cast<size_t>(t) * s.num_heads_k + hk) * dim + c] = bits_value(cache.dtype, e.bits);
+        result.appended.push_back(e);
+      }
+    }
+  }
+}
+
+// Keys or values j = 0 .. S_k-1 of a sequence: cache position leftpad + j, read from the cache
+// below cache_seqlens and from the appended rows above it. (S_k, h_k, dim).
+std::vector<double> gather(const KvCacheArgs& a, const Shapes& s, const Sequence& q,
+                           const TensorView& cache, const std::vector<double>& new_rows) {
+  const int dim = static_cast<int>(cache.size(-1));
+  std::vector<double> rows(static_cast<size_t>(q.seqlen_k) * s.num_heads_k * dim);
+  for (int j = 0; j < q.seqlen_k; ++j) {
+    const int position = q.leftpad + j;
+    for (int hk = 0; hk < s.num_heads_k; ++hk) {
+      double* dst = &rows[(static_cast<size_t>(j) * s.num_heads_k + hk) * dim];
+      if (position < q.cache_len) {
+        const int64_t src = cache_offset(a, s, cache, q.cache_row, position, hk);
+        for (int c = 0; c < dim; ++c) dst[c] = element_value(cache, src + c * cache.stride(-1));
+      } else {
+        const size_t t = position - q.cache_len;
+        for (int c = 0; c < dim; ++c) dst[c] = new_rows[(t * s.num_heads_k + hk) * dim + c];
+      }
+    }
+  }
+  return rows;
+}
+
+// Query rows of a sequence, (S_q, h, dim), rotated (when rotary is given) and rounded back to the
+// storage type, as the kernel rotates q on the fly and keeps it in q's type.
+std::vector<double> read_queries(const KvCacheArgs& a, const Shapes& s, const Sequence& q,
+                                 int b, const TensorView& view, bool apply_rotary) {
+  const int dim = static_cast<int>(view.size(-1));
+  std::vector<double> rows(static_cast<size_t>(q.seqlen_q) * s.num_heads * dim);
+  const bool per_row = rotate_queries_per_row(a, s);
+  std::vector<float> x(dim);
+  for (int i = 0; i < q.seqlen_q; ++i) {
+    for (int h = 0; h < s.num_heads; ++h) {
+      const int64_t src = s.varlen_q ? offset_of(view, {q.q_offset + i, h, 0})
+                                     : offset_of(view, {b, i, h, 0});
+      for (int c = 0; c < dim; ++c) x[c] = static_cast<float>(element_value(view, src + c * view.stride(-1)));
+      double* dst = &rows[(static_cast<size_t>(i) * s.num_heads + h) * dim];
+      if (apply_rotary) {
+        rotate(a, s.rotary_dim, q.rotary_start + (per_row ? i : 0), x, nullptr, nullptr);
+        for (int c = 0; c < dim; ++c) dst[c] = bits_value(view.dtype, round_to_storage(view.dtype, x[c]));
+      } else {
+        for (int c = 0; c < dim; ++c) dst[c] = x[c];
+      }
+    }
+  }
+  return rows;
+}
+
+// Spec 5.4, each rule as written: j < S_k; causal j <= diag; window diag-left <= j <= diag+right
+// (a negative side is unbounded); chunk: j in [c0, c0 + C) with c0 = floor(diag / C) * C.
+bool key_visible(const KvCacheArgs& a, const Sequence& q, int i, int j) {
+  if (j < 0 || j >= q.seqlen_k) return false;
+  const int64_t diag = int64_t{i} + q.seqlen_k - q.seqlen_q;
+  if (a.causal && j > diag) return false;
+  if (a.window_left >= 0 && j < diag - a.window_left) return false;
+  if (a.window_right >= 0 && j > diag + a.window_right) return false;
+  if (a.attention_chunk > 0) {
+    const int64_t chunk = a.attention_chunk;
+    const int64_t floor_div = diag >= 0 ? diag / chunk : -((-diag + chunk - 1) / chunk);
+    const int64_t chunk_start = floor_div * chunk;
+    if (j < chunk_start || j >= chunk_start + chunk) return false;
+  }
+  return true;
+}
+
+double dot(const double* x, const double* y, int n) {
+  double sum = 0.0;
+  for (int c = 0; c < n; ++c) sum += x[c] * y[c];
+  return sum;
+}
+
+double norm(const double* x, int n) { return std::sqrt(dot(x, x, n)); }
+
+double descale(const OptTensor& t, int b, int head_k) {
+  if (!t) return 1.0;
+  return element_value(*t, offset_of(*t, {b, head_k}));
+}
+
+double softmax_scale(const KvCacheArgs& a, const Shapes& s) {
+  if (a.softmax_scale) return *a.softmax_scale;
+  return 1.0 / std::sqrt(static_cast<double>(s.headdim + (a.qv ? s.headdim_v : 0)));
+}
+
+// Scores, masks, softmax with sink, out and LSE of one batch element (spec 5.3-5.6).
+void attend(const KvCacheArgs& a, const Shapes& s, const Sequence& q, int b,
+            const std::vector<double>& queries, const std::vector<double>& query_values,
+            const std::vector<double>& keys, const std::vector<double>& values,
+            OracleResult& result) {
+  const int group = s.num_heads / s.num_heads_k;
+  const int d = s.headdim, dv = s.headdim_v;
+  const bool use_q = a.q && a.k_cache && !a.only_qv;
+  const bool use_qv = a.qv.has_value();
+  const double scale = softmax_scale(a, s);
+  std::vector<double> scores(static_cast<size_t>(q.seqlen_k));
+  std::vector<uint8_t> visible(static_cast<size_t>(q.seqlen_k));
+  for (int h = 0; h < s.num_heads; ++h) {
+    const int hk = h / group;
+    const double score_descale = s.fp8 ? descale(a.q_descale, b, hk) * descale(a.k_descale, b, hk) : 1.0;
+    const double value_descale = s.fp8 ? descale(a.v_descale, b, hk) : 1.0;
+    const bool has_sink = a.sinks.has_value();
+    const double sink = has_sink ? element_value(*a.sinks, h * a.sinks->stride(0)) : 0.0;
+    for (int i = 0; i < q.seqlen_q; ++i) {
+      const double* qi = use_q ? &queries[(static_cast<size_t>(i) * s.num_heads + h) * d] : nullptr;
+      const double* qvi = use_qv ? &query_values[(static_cast<size_t>(i) * s.num_heads + h) * dv] : nullptr;
+      double row_max = kNegInf, key_norm = 0.0, value_norm = 0.0, value_max = 0.0;
+      bool any = false;
+      for (int j = 0; j < q.seqlen_k; ++j) {
+        visible[j] = key_visible(a, q, i, j);
+        if (!visible[j]) continue;
+        any = true;
+        const double* kj = use_q ? &keys[(static_cast<size_t>(j) * s.num_heads_k + hk) * d] : nullptr;
+        const double* vj = &values[(static_cast<size_t>(j) * s.num_heads_k + hk) * dv];
+        double raw = 0.0;
+        if (use_q) raw += dot(qi, kj, d);
+        if (use_qv) raw += dot(qvi, vj, dv);
+        double score = raw * score_descale * scale;
+        if (a.softcap > 0.0f) score = a.softcap * std::tanh(score / a.softcap);
+        scores[j] = score;
+        row_max = std::max(row_max, score);
+        if (use_q) key_norm = std::max(key_norm, norm(kj, d));
+        if (use_qv) value_norm = std::max(value_norm, norm(vj, dv));
+        for (int c = 0; c < dv; ++c) value_max = std::max(value_max, std::fabs(vj[c]));
+      }
+      const int64_t token = q.q_offset + i;
+      const int64_t row = result.row_index(token, h);
+      double* out = &result.out[row * dv];
+      result.empty_row[row] = !any;
+      result.value_scale[row] = value_max * std::fabs(value_descale);
+      result.score_scale[row] = std::fabs(scale * score_descale) *
+          ((use_q ? norm(qi, d) * key_norm : 0.0) + (use_qv ? norm(qvi, dv) * value_norm : 0.0));
+      // The sink is one more logit with a zero value: it enlarges the denominator only.
+      if (has_sink) row_max = std::max(row_max, sink);
+      if (!any && !has_sink) {
+        result.lse[result.lse_index(token, h)] = kNegInf;
+        continue;  // out stays 0
+      }
+      double denominator = has_sink ? std::exp(sink - row_max) : 0.0;
+      for (int j = 0; j < q.seqlen_k; ++j) {
+        if (!visible[j]) continue;
+        const double p = std::exp(scores[j] - row_max);
+        denominator += p;
+        const double* vj = &values[(static_cast<size_t>(j) * s.num_heads_k + hk) * dv];
+        for (int c = 0; c < dv; ++c) out[c] += p * vj[c];
+      }
+      for (int c = 0; c < dv; ++c) out[c] *= value_descale / denominator;
+      result.lse[result.lse_index(token, h)] = row_max + std::log(denominator);
+    }
+  }
+}
+
+}  // namespace
+
+int64_t OracleResult::lse_index(int64_t token, int head) const {
+  if (varlen_q) return int64_t{head} * total_q + token;
+  const int64_t b = token / seqlen_q, i = token % seqlen_q;
+  return (b * num_heads + head) * seqlen_q + i;
+}
+
+OracleResult run_oracle(const KvCacheArgs& a) {
+  if (!a.v_cache || (!a.q && !a.qv)) throw std::invalid_argument("oracle: v_cache and q or qv are required");
+  const Shapes s = read_shapes(a);
+  OracleResult result;
+  result.batch = s.batch;
+  result.seqlen_q = s.seqlen_q;
+  result.total_q = s.total_q;
+  result.num_heads = s.num_heads;
+  result.headdim_v = s.headdim_v;
+  result.varlen_q = s.varlen_q;
+  result.out_dtype = s.fp8 ? DType::bf16 : s.dtype;
+  const size_t rows = static_cast<size_t>(s.total_q) * s.num_heads;
+  result.out.assign(rows * s.headdim_v, 0.0);
+  result.lse.assign(rows, kNegInf);
+  result.empty_row.assign(rows, 1);
+  result.value_scale.assign(rows, 0.0);
+  result.score_scale.assign(rows, 0.0);
+  result.token_batch.assign(static_cast<size_t>(s.total_q), -1);
+
+  const bool use_q = a.q && a.k_cache && !a.only_qv;
+  for (int b = 0; b < s.batch; ++b) {
+    const Sequence q = read_sequence(a, s, b);
+    for (int i = 0; i < q.seqlen_q; ++i) result.token_batch[q.q_offset + i] = b;
+    std::vector<double> new_keys, new_values;
+    if (s.has_new) {
+      if (a.k_cache) append_new_rows(a, s, q, b, false, new_keys, result);
+      append_new_rows(a, s, q, b, true, new_values, result);
+    }
+    const std::vector<double> keys = use_q ? gather(a, s, q, *a.k_cache, new_keys) : std::vector<double>{};
+    const std::vector<double> values = gather(a, s, q, *a.v_cache, new_values);
+    const std::vector<double> queries =
+        use_q ? read_queries(a, s, q, b, *a.q, s.rotary_dim > 0) : std::vector<double>{};
+    const std::vector<double> query_values =
+        a.qv ? read_queries(a, s, q, b, *a.qv, false) : std::vector<double>{};
+    attend(a, s, q, b, queries, query_values, keys, values, result);
+  }
+  return result;
+}
+
+}  // namespace kvflash::oracle
