@@ -1,0 +1,332 @@
+// `kvflash bench`: decode (batch x context) and prefill (sequence length) sweeps, timed as the
+// median of repeats after warm-up, beside the machine's ceilings measured in the same run: decode
+// rows report K/V GB/s and % of the read bandwidth, prefill rows GFLOP/s beside the fp32 GEMM.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "ceilings.h"
+#include "commands.h"
+#include "device.h"
+#include "kvflash/kvflash.h"
+#include "workload.h"
+
+namespace kvflash::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchConfig {
+  std::vector<int64_t> batches{1, 8, 16};
+  std::vector<int64_t> contexts{1024, 4096, 16384};
+  std::vector<int64_t> prefill_lengths{512, 2048, 4096};
+  std::vector<DType> dtypes{DType::bf16, DType::f16};
+  AttentionShape shape;
+  int64_t page_size = 16;
+  int num_splits = 0;  // the call's num_splits: 0 = the planner's heuristic
+  int threads = 0;
+  std::string device = "auto";
+  int repeats = 7;
+  int warmup = 2;
+  int64_t min_working_set = int64_t(1024) << 20;  // decode rows cycle through this many bytes
+  int64_t bandwidth_bytes = int64_t(3072) << 20;
+  std::string format = "csv";
+  std::string out_path;
+};
+
+BenchConfig parse_bench_config(Options& options) {
+  BenchConfig c;
+  if (options.flag("quick")) {
+    c.batches = {1, 8};
+    c.contexts = {512, 4096};
+    c.prefill_lengths = {256, 1024};
+    c.dtypes = {DType::bf16};
+    c.repeats = 3;
+    c.warmup = 1;
+    c.min_working_set = int64_t(256) << 20;
+    c.bandwidth_bytes = int64_t(1024) << 20;
+  }
+  c.batches = options.integers("batch", c.batches);
+  c.contexts = options.integers("context", c.contexts);
+  c.prefill_lengths = options.integers("prefill", c.prefill_lengths);
+  std::vector<std::string> dtype_names;
+  for (DType d : c.dtypes) dtype_names.push_back(short_dtype_name(d));
+  c.dtypes.clear();
+  for (const std::string& name : options.texts("dtype", dtype_names)) c.dtypes.push_back(parse_dtype(name));
+  c.shape.heads = options.integer("heads", c.shape.heads, 1, 1024);
+  c.shape.kv_heads = options.integer("kv-heads", c.shape.kv_heads, 1, 1024);
+  c.shape.head_dim = options.integer("head-dim", c.shape.head_dim, 8, 512);
+  c.shape.head_dim_v = c.shape.head_dim;
+  c.page_size = options.integer("page-size", c.page_size, 1, 1 << 16);
+  c.threads = int(options.integer("threads", 0, 0, 4096));
+  c.num_splits = int(options.integer("num-splits", 0, 0, 256));
+  c.device = options.text("device", c.device);
+  c.repeats = int(options.integer("repeats", c.repeats, 1, 1000));
+  c.warmup = int(options.integer("warmup", c.warmup, 0, 1000));
+  c.min_working_set = options.integer("min-working-set-mib", c.min_working_set >> 20, 0, 1 << 20) << 20;
+  c.bandwidth_bytes = options.integer("bandwidth-mib", c.bandwidth_bytes >> 20, 16, 1 << 20) << 20;
+  c.out_path = options.text("out", "");
+  const bool json_path = c.out_path.size() > 5 && c.out_path.substr(c.out_path.size() - 5) == ".json";
+  c.format = options.text("format", json_path ? "json" : "csv");
+  if (c.format != "csv" && c.format != "json") throw UsageError{"--format must be csv or json"};
+  if (c.shape.heads % c.shape.kv_heads != 0) throw UsageError{"--heads must be a multiple of --kv-heads"};
+  return c;
+}
+
+struct BenchRow {
+  std::string kind;  // "decode" or "prefill"
+  DType dtype = DType::bf16;
+  int64_t batch = 0, seqlen_q = 0, context = 0, layers = 1;
+  double median_ms = 0, min_ms = 0;
+  double gbs = 0, pct_read_bw = 0, gflops = 0, pct_gemm = 0;
+};
+
+// The 1-minute load average: figures taken on a busy machine say so.
+double load_average() {
+  double load = -1;
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load) != 1) load = -1;
+    std::fclose(f);
+  }
+  return load;
+}
+
+struct Ceilings {
+  bool measured = false;  // CPU ceilings only mean something for CPU rows
+  double read_gbs = 0;
+  double gemm_gflops = 0;
+  double load_before = -1;  // 1-minute load average when the run began
+};
+
+// One cache's worth of tensors for a call that only attends (no new K/V): the cache pages are
+// filled with a repeating random block (what they hold does not change the speed; filling
+// gigabytes element by element would).
+class AttendOnlyCall {
+ public:
+  AttendOnlyCall(DeviceMemory& memory, const AttentionShape& s, int64_t batch, int64_t seqlen_q,
+                 int64_t context, const PagedLayout& layout, const HostTensor& page_table,
+                 int num_splits, std::mt19937_64& rng) {
+    k_cache_ = DeviceTensor(memory, s.dtype, {layout.num_pages, layout.page_size, s.kv_heads, s.head_dim});
+    v_cache_ = DeviceTensor(memory, s.dtype, {layout.num_pages, layout.page_size, s.kv_heads, s.head_dim_v});
+    fill_repeating(memory, k_cache_, rng);
+    fill_repeating(memory, v_cache_, rng);
+    HostTensor q(s.dtype, {batch, seqlen_q, s.heads, s.head_dim});
+    q.fill_uniform(rng, 1.0);
+    q_ = to_device(memory, q);
+    page_table_ = to_device(memory, page_table);
+    seqlens_ = to_device(memory, int32_tensor(std::vector<int32_t>(size_t(batch), int32_t(context))));
+    out_ = DeviceTensor(memory, s.dtype, {batch, seqlen_q, s.heads, s.head_dim_v});
+    args_.q = q_.view();
+    args_.k_cache = k_cache_.view();
+    args_.v_cache = v_cache_.view();
+    args_.page_table = page_table_.view();
+    args_.cache_seqlens = seqlens_.view();
+    args_.causal = true;
+    args_.num_splits = num_splits;
+    outputs_.out = out_.view();
+  }
+  void run(const RunOptions& options) const { flash_attn_with_kvcache(args_, outputs_, options); }
+
+ private:
+  static void fill_repeating(DeviceMemory& memory, DeviceTensor& t, std::mt19937_64& rng) {
+    HostTensor block(t.dtype(), {int64_t(1) << 18});
+    block.fill_uniform(rng, 1.0);
+    auto* base = static_cast<unsigned char*>(t.data());
+    for (size_t offset = 0; offset < t.bytes(); offset += block.bytes()) {
+      memory.upload(base + offset, block.data(), std::min(block.bytes(), t.bytes() - offset));
+    }
+  }
+  DeviceTensor k_cache_, v_cache_, q_, page_table_, seqlens_, out_;
+  KvCacheArgs args_;
+  Outputs outputs_;
+};
+
+// Median and minimum of per-call milliseconds over `repeats` passes (after `warmup` passes) of
+// every call in `calls`, one after the other as the layers of a model would run.
+std::pair<double, double> time_calls(DeviceMemory& memory, const std::vector<std::unique_ptr<AttendOnlyCall>>& calls,
+                                     const RunOptions& options, int warmup, int repeats) {
+  for (int w = 0; w < warmup; ++w) for (const auto& call : calls) call->run(options);
+  std::vector<double> per_call_ms;
+  for (int r = 0; r < repeats; ++r) {
+    memory.synchronize();
+    const auto start = Clock::now();
+    for (const auto& call : calls) call->run(options);
+    memory.synchronize();
+    per_call_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count() /
+                          double(calls.size()));
+  }
+  std::sort(per_call_ms.begin(), per_call_ms.end());
+  return {per_call_ms[per_call_ms.size() / 2], per_call_ms.front()};
+}
+
+BenchRow bench_shape(DeviceMemory& memory, const BenchConfig& config, DType dtype, int64_t batch,
+                     int64_t seqlen_q, int64_t context, int64_t min_working_set,
+                     const Ceilings& ceilings, std::mt19937_64& rng) {
+  AttentionShape shape = config.shape;
+  shape.dtype = dtype;
+  const PagedLayout layout = make_paged_layout(batch, context, config.page_size, rng);
+  const HostTensor page_table = layout.page_table();
+  AttentionWork work;
+  for (int64_t b = 0; b < batch; ++b) work += causal_work(shape, seqlen_q, context);
+  // Enough independent caches ("layers") that one pass reads min_working_set bytes: a model's
+  // layers each have their own cache, so decode streams from memory, not from the last level cache.
+  const int64_t layers = std::max<int64_t>(1, int64_t(std::ceil(double(min_working_set) / work.kv_bytes)));
+  std::vector<std::unique_ptr<AttendOnlyCall>> calls;
+  for (int64_t l = 0; l < layers; ++l) {
+    calls.push_back(std::make_unique<AttendOnlyCall>(memory, shape, batch, seqlen_q, context, layout,
+                                                     page_table, config.num_splits, rng));
+  }
+  RunOptions options;
+  options.num_threads = config.threads;
+  options.stream = memory.stream();
+  // Long rows (prefill at long lengths) get fewer repeats: one untimed pass tells how long.
+  const auto probe_start = Clock::now();
+  calls.front()->run(options);
+  memory.synchronize();
+  const double probe_s = std::chrono::duration<double>(Clock::now() - probe_start).count();
+  const int repeats = probe_s * double(layers) > 2.0 ? std::min(config.repeats, 3) : config.repeats;
+  const int warmup = probe_s * double(layers) > 2.0 ? 0 : config.warmup;
+  const auto [median_ms, min_ms] = time_calls(memory, calls, options, warmup, repeats);
+
+  BenchRow row;
+  row.kind = seqlen_q == 1 ? "decode" : "prefill";
+  row.dtype = dtype;
+  row.batch = batch;
+  row.seqlen_q = seqlen_q;
+  row.context = context;
+  row.layers = layers;
+  row.median_ms = median_ms;
+  row.min_ms = min_ms;
+  row.gbs = work.kv_bytes / (median_ms * 1e-3) * 1e-9;
+  row.gflops = work.flops / (median_ms * 1e-3) * 1e-9;
+  if (ceilings.measured) {
+    row.pct_read_bw = 100.0 * row.gbs / ceilings.read_gbs;
+    row.pct_gemm = 100.0 * row.gflops / ceilings.gemm_gflops;
+  }
+  return row;
+}
+
+std::string percent(double value, bool applies) {
+  if (!applies) return "-";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", value);
+  return text;
+}
+
+void print_table(const std::vector<BenchRow>& rows, const Ceilings& ceilings) {
+  std::printf("%-8s %-5s %6s %7s %8s %7s %10s %10s %9s %7s %9s %7s\n", "kind", "dtype", "batch",
+              "seq_q", "context", "layers", "median_ms", "min_ms", "KV_GB/s", "%read", "GFLOP/s",
+              "%gemm");
+  for (const BenchRow& r : rows) {
+    const bool decode = r.kind == "decode";
+    std::printf("%-8s %-5s %6lld %7lld %8lld %7lld %10.3f %10.3f %9.2f %7s %9.1f %7s\n",
+                r.kind.c_str(), short_dtype_name(r.dtype), (long long)r.batch,
+                (long long)r.seqlen_q, (long long)r.context, (long long)r.layers, r.median_ms,
+                r.min_ms, r.gbs, percent(r.pct_read_bw, ceilings.measured && decode).c_str(),
+                r.gflops, percent(r.pct_gemm, ceilings.measured && !decode).c_str());
+  }
+  if (ceilings.measured) {
+    std::printf("ceilings: memory read %.2f GB/s, fp32 GEMM %.1f GFLOP/s\n", ceilings.read_gbs,
+                ceilings.gemm_gflops);
+  }
+}
+
+void write_csv(std::ostream& out, const std::vector<BenchRow>& rows, const BenchConfig& c,
+               const Ceilings& ceilings, const std::string& device) {
+  out << "kind,dtype,batch,seqlen_q,context,heads,kv_heads,head_dim,page_size,layers,median_ms,"
+         "min_ms,kv_gbs,pct_read_bw,gflops,pct_gemm,read_bw_gbs,gemm_gflops,device\n";
+  for (const BenchRow& r : rows) {
+    out << r.kind << ',' << short_dtype_name(r.dtype) << ',' << r.batch << ',' << r.seqlen_q << ','
+        << r.context << ',' << c.shape.heads << ',' << c.shape.kv_heads << ',' << c.shape.head_dim
+        << ',' << c.page_size << ',' << r.layers << ',' << r.median_ms << ',' << r.min_ms << ','
+        << r.gbs << ',' << r.pct_read_bw << ',' << r.gflops << ',' << r.pct_gemm << ','
+        << ceilings.read_gbs << ',' << ceilings.gemm_gflops << ",\"" << device << "\"\n";
+  }
+}
+
+void write_json(std::ostream& out, const std::vector<BenchRow>& rows, const BenchConfig& c,
+                const Ceilings& ceilings, const std::string& device) {
+  out << "{\n  \"device\": \"" << device << "\",\n  \"heads\": " << c.shape.heads
+      << ",\n  \"kv_heads\": " << c.shape.kv_heads << ",\n  \"head_dim\": " << c.shape.head_dim
+      << ",\n  \"page_size\": " << c.page_size << ",\n  \"read_bw_gbs\": " << ceilings.read_gbs
+      << ",\n  \"gemm_gflops\": " << ceilings.gemm_gflops
+      << ",\n  \"load_average_at_start\": " << ceilings.load_before
+      << ",\n  \"load_average_at_end\": " << load_average() << ",\n  \"rows\": [\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const BenchRow& r = rows[i];
+    out << "    {\"kind\": \"" << r.kind << "\", \"dtype\": \"" << short_dtype_name(r.dtype)
+        << "\", \"batch\": " << r.batch << ", \"seqlen_q\": " << r.seqlen_q
+        << ", \"context\": " << r.context << ", \"layers\": " << r.layers
+        << ", \"median_ms\": " << r.median_ms << ", \"min_ms\": " << r.min_ms
+        << ", \"kv_gbs\": " << r.gbs << ", \"pct_read_bw\": " << r.pct_read_bw
+        << ", \"gflops\": " << r.gflops << ", \"pct_gemm\": " << r.pct_gemm << "}"
+        << (i + 1 < rows.size() ? ",\n" : "\n");
+  }
+  out << "  ]\n}\n";
+}
+
+}  // namespace
+
+int bench_command(Options& options) {
+  const BenchConfig config = parse_bench_config(options);
+  options.reject_unused();
+  std::unique_ptr<DeviceMemory> memory = make_device_memory(config.device, config.threads);
+  const std::string device = memory->description();
+  std::printf("kvflash bench: %s | %lld/%lld heads, head dim %lld, page %lld\n", device.c_str(),
+              (long long)config.shape.heads, (long long)config.shape.kv_heads,
+              (long long)config.shape.head_dim, (long long)config.page_size);
+  std::fflush(stdout);
+
+  Ceilings ceilings;
+  ceilings.load_before = load_average();
+  std::printf("load average (1 min) at start: %.2f on %u hardware threads\n", ceilings.load_before,
+              std::thread::hardware_concurrency());
+  if (memory->device().type == DeviceType::cpu) {
+    ceilings.measured = true;
+    ceilings.read_gbs = measure_read_bandwidth(size_t(config.bandwidth_bytes), config.threads, 5);
+    ceilings.gemm_gflops = measure_gemm_gflops(1024, config.threads, 3);
+    std::printf("ceilings: memory read %.2f GB/s (%lld MiB buffer, best of 5), fp32 GEMM %.1f "
+                "GFLOP/s (1024^3, best of 3)\n",
+                ceilings.read_gbs, (long long)(config.bandwidth_bytes >> 20), ceilings.gemm_gflops);
+    std::fflush(stdout);
+  }
+
+  std::mt19937_64 rng(1);
+  std::vector<BenchRow> rows;
+  for (DType dtype : config.dtypes) {
+    for (int64_t batch : config.batches) {
+      for (int64_t context : config.contexts) {
+        rows.push_back(bench_shape(*memory, config, dtype, batch, 1, context, config.min_working_set, ceilings, rng));
+        std::fprintf(stderr, "decode %s batch %lld context %lld: %.3f ms\n", short_dtype_name(dtype),
+                     (long long)batch, (long long)context, rows.back().median_ms);
+      }
+    }
+    for (int64_t length : config.prefill_lengths) {
+      // Prefill is compute-bound: one sequence, one cache (no layer cycling).
+      rows.push_back(bench_shape(*memory, config, dtype, 1, length, length, 0, ceilings, rng));
+      std::fprintf(stderr, "prefill %s length %lld: %.3f ms\n", short_dtype_name(dtype),
+                   (long long)length, rows.back().median_ms);
+    }
+  }
+  print_table(rows, ceilings);
+  std::printf("load average (1 min) at end: %.2f\n", load_average());
+  if (!config.out_path.empty()) {
+    std::ofstream out(config.out_path);
+    if (!out) throw UsageError{"--out: cannot write '" + config.out_path + "'"};
+    if (config.format == "json") {
+      write_json(out, rows, config, ceilings, device);
+    } else {
+      write_csv(out, rows, config, ceilings, device);
+    }
+    std::printf("wrote %s (%s)\n", config.out_path.c_str(), config.format.c_str());
+  }
+  return 0;
+}
+
+}  // namespace kvflash::tools

@@ -1,0 +1,103 @@
+#include "device.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+#include "kvflash/errors.h"
+#include "kvflash/kvflash.h"
+#include "options.h"
+
+namespace kvflash::tools {
+
+namespace {
+
+class CpuMemory final : public DeviceMemory {
+ public:
+  explicit CpuMemory(int num_threads) : num_threads_(num_threads) {}
+  Device device() const override { return Device{DeviceType::cpu, 0}; }
+  std::string description() const override {
+    const int threads = num_threads_ > 0 ? num_threads_ : int(std::thread::hardware_concurrency());
+    return "cpu, " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s");
+  }
+  void* allocate(size_t bytes) override {
+    // 64-byte aligned so the backend's vector loads never straddle a cache line at row starts.
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* data = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    if (!data) throw std::bad_alloc();
+    std::memset(data, 0, rounded);
+    return data;
+  }
+  void release(void* data) override { std::free(data); }
+  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void synchronize() override {}
+
+ private:
+  int num_threads_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceMemory> make_cpu_memory(int num_threads) {
+  return std::make_unique<CpuMemory>(num_threads);
+}
+
+std::unique_ptr<DeviceMemory> make_device_memory(const std::string& choice, int num_threads) {
+  if (choice == "cpu") return make_cpu_memory(num_threads);
+  if (choice == "cuda") return make_cuda_memory(0);
+  if (choice == "auto") {
+    return cuda_available() ? make_cuda_memory(0) : make_cpu_memory(num_threads);
+  }
+  throw UsageError{"--device must be cpu, cuda or auto, got '" + choice + "'"};
+}
+
+DeviceTensor::DeviceTensor(DeviceMemory& memory, DType dtype, std::vector<int64_t> shape)
+    : memory_(&memory), dtype_(dtype), shape_(std::move(shape)) {
+  DeviceMemory* owner = memory_;
+  storage_ = std::shared_ptr<void>(memory.allocate(bytes()),
+                                   [owner](void* data) { owner->release(data); });
+}
+
+size_t DeviceTensor::bytes() const {
+  size_t n = dtype_size(dtype_);
+  for (int64_t s : shape_) n *= size_t(s);
+  return n;
+}
+
+TensorView DeviceTensor::view() const {
+  TensorView v;
+  v.data = storage_.get();
+  v.dtype = dtype_;
+  v.device = memory_ ? memory_->device() : Device{};
+  v.rank = int(shape_.size());
+  int64_t stride = 1;
+  for (int i = v.rank - 1; i >= 0; --i) {
+    v.shape[i] = shape_[i];
+    v.strides[i] = stride;
+    stride *= shape_[i];
+  }
+  return v;
+}
+
+void DeviceTensor::upload(const HostTensor& host) {
+  if (host.dtype() != dtype_ || host.bytes() != bytes()) {
+    throw std::logic_error("DeviceTensor::upload: dtype or size differs");
+  }
+  memory_->upload(storage_.get(), host.data(), bytes());
+}
+
+HostTensor DeviceTensor::download() const {
+  HostTensor host(dtype_, shape_);
+  memory_->download(host.data(), storage_.get(), bytes());
+  return host;
+}
+
+DeviceTensor to_device(DeviceMemory& memory, const HostTensor& host) {
+  DeviceTensor t(memory, host.dtype(), host.shape());
+  t.upload(host);
+  return t;
+}
+
+}  // namespace kvflash::tools
