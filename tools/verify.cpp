@@ -106,18 +106,6 @@ class Checker {
   Verification& result_;
 };
 
-// The oracle's output rule (tests/oracle/compare.cpp): scale of |v|, fp32 score error, rounding.
-double out_tolerance(const oracle::OracleResult& ref, const oracle::Tolerance& tol, int64_t row,
-                     double value) {
-  return ref.value_scale[row] * (tol.out_atol + 2 * tol.score_rel * ref.score_scale[row]) +
-         tol.out_rtol * std::fabs(value);
-}
-
-// And its rotary rule: fp32 products (a few ulps of their magnitude), then one storage rounding.
-double rotary_tolerance(DType dtype, const oracle::AppendedElement& e) {
-  return oracle::ulp(dtype, e.exact) + 4.0 * 0x1p-24 * e.cancellation;
-}
-
 }  // namespace
 
 void Verification::merge(const Verification& other) {
@@ -147,7 +135,7 @@ Verification verify_sequence(const ServingCallHost& call, const SequenceSlice& s
         const double expected = ref.out[row * dim_v + i];
         const double got = call.out->get(((slice.q_first + t) * heads + h) * dim_v + i);
         checker.check("out", slice.q_first + t, h * dim_v + i, got, expected,
-                      out_tolerance(ref, tol, row, expected));
+                      oracle::out_tolerance(tol, ref, row, expected));
       }
     }
   }
@@ -163,7 +151,7 @@ Verification verify_sequence(const ServingCallHost& call, const SequenceSlice& s
     const char* what = e.in_v_cache ? "v_cache" : "k_cache";
     if (e.rotated) {
       checker.check(what, position, e.offset % row_elements, got, e.exact,
-                    rotary_tolerance(cache.dtype(), e));
+                    oracle::appended_tolerance(cache.dtype(), e));
     } else {
       checker.check(what, position, e.offset % row_elements, got,
                     oracle::bits_value(cache.dtype(), e.bits), 0.0);
