@@ -1,16 +1,16 @@
 // The CUDA side of the device seam. Compiled for real when the build defines
-// KVFLASH_TOOLS_CUDA (and links CUDA::cudart to kvflash_cli); otherwise asking for CUDA is an
+// KVFLASH_WITH_CUDA (and links CUDA::cudart to kvflash_cli); otherwise asking for CUDA is an
 // Error(unsupported) naming --device.
 #include "device.h"
 #include "kvflash/errors.h"
 
-#if defined(KVFLASH_TOOLS_CUDA)
+#if defined(KVFLASH_WITH_CUDA)
 #include <cuda_runtime.h>
 #endif
 
 namespace kvflash::tools {
 
-#if defined(KVFLASH_TOOLS_CUDA)
+#if defined(KVFLASH_WITH_CUDA)
 
 namespace {
 

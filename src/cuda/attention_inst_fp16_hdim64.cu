@@ -1,0 +1,6 @@
+// One attention instantiation (fp16, head dims 64 / 64); see attention_kernel.cuh.
+#include "cuda/attention_kernel.cuh"
+
+namespace kvflash::cuda {
+template void launch_attention<__half, 64, 64>(const AttentionParams&, cudaStream_t);
+}  // namespace kvflash::cuda

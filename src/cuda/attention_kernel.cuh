@@ -1,0 +1,479 @@
+// The portable (sm80+) attention forward kernel: FA2-style, tensor cores through mma.sync m16n8k16.
+//
+// A CTA owns kBlockM packed query rows (the query heads sharing KV head hk, packed row-major as
+// (query index, head in group)) of one batch element and one split, and walks the split's key
+// blocks with an online softmax. Warps form a kWarpsM x kWarpsN grid: each warp row owns 16 query
+// rows, and the kWarpsN warps of a row take disjoint key slices of every block (kWarpsN > 1 is
+// the decode shape: few query rows, many keys); their softmax states merge in the epilogue.
+//
+// Loads are cp.async with zero fill: K / V rows outside the CTA's key range, at a bad page id or
+// beyond the real head dim are never read, so NaN in unused cache slots cannot reach the output,
+// and masked scores are selected to -inf before the exponent.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include "core/mask.h"
+#include "kvflash/errors.h"
+#include "cuda/lengths.cuh"
+#include "cuda/mma.cuh"
+#include "cuda/params.h"
+
+namespace kvflash::cuda {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <class Elem_, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kWarpsN_,
+          int kMinBlocks_ = 1>
+struct AttentionTraits {
+  using Elem = Elem_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kWarpsN = kWarpsN_;
+  static constexpr int kWarpsM = kBlockM / 16;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int kWarpKeys = kBlockN / kWarpsN;
+  // Rows padded by 16 bytes so ldmatrix over 8 consecutive rows hits 8 different bank groups.
+  static constexpr int kQStride = kHeadDim + 8;
+  static constexpr int kVStride = kHeadDimV + 8;
+  static constexpr int kOStride = kHeadDimV + 4;  // fp32 epilogue rows
+  static constexpr int kMinBlocks = kMinBlocks_;  // CTAs per SM the register budget aims at
+  // Two K/V stages (the next tile loads while this one is used) when they fit the 160 KB an sm80
+  // CTA may have; otherwise one, loading V under the scores and the next K under P·V (FA2's order).
+  static constexpr int kStageBytes = kBlockN * (kQStride + kVStride) * int(sizeof(Elem));
+  static constexpr int kQBytes = kBlockM * kQStride * int(sizeof(Elem));
+  static constexpr int kStages = kQBytes + 2 * kStageBytes <= 160 * 1024 ? 2 : 1;
+  static constexpr int kTileBytes = kQBytes + kStages * kStageBytes;
+  static constexpr int kEpilogueBytes = kBlockM * kOStride * 4;
+  static constexpr int kStatsBytes = 2 * kWarpsN * kBlockM * 4 + kBlockM * 4;
+  // Element offsets of the K and V rows of two key blocks (the one loading and the next), so the
+  // paged address of a row is computed once per block, not once per 16-byte copy.
+  static constexpr int kRowOffsetBytes = 2 * 2 * kBlockN * 8;
+  static constexpr int kSmemBytes =
+      (kTileBytes > kEpilogueBytes ? kTileBytes : kEpilogueBytes) + kStatsBytes + kRowOffsetBytes;
+  static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0, "head dims are multiples of 16");
+  static_assert(kBlockM % 16 == 0 && kWarpKeys % 16 == 0, "tiles are whole mma steps");
+};
+
+// Rows [0, rows) x chunks of 8 elements of one tile, global -> shared. row_src(r) gives the
+// element pointer of row r or nullptr (zero fill); chunks at or past `valid_chunks` are zero.
+// any_src: a valid global address handed to zero-filled copies, which read nothing from it.
+template <int kRows, int kDim, int kStride, int kThreads, class Elem, class RowSrc>
+__device__ __forceinline__ void load_tile(Elem* smem, const Elem* any_src, int valid_chunks,
+                                          RowSrc row_src) {
+  constexpr int kChunks = kDim / 8;
+  constexpr int kTotal = kRows * kChunks;
+  constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
+  // All source addresses first (page-table reads in flight together), then all the copies:
+  // interleaving them would serialise one page-table latency per copy.
+  const Elem* src[kIters];
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int e = threadIdx.x + it * kThreads;
+    const int r = e / kChunks;
+    const int c = e - r * kChunks;
+    const Elem* row = (kTotal % kThreads == 0 || e < kTotal) && c < valid_chunks ? row_src(r) : nullptr;
+    src[it] = row ? row + c * 8 : nullptr;
+  }
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int e = threadIdx.x + it * kThreads;
+    if (kTotal % kThreads != 0 && e >= kTotal) continue;
+    const int r = e / kChunks;
+    const int c = e - r * kChunks;
+    cp_async_16(smem_addr(smem + r * kStride + c * 8), src[it] ? src[it] : any_src, src[it] != nullptr);
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(const AttentionParams p) {
+  using Elem = typename T::Elem;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
+  Elem* sK = sQ + T::kBlockM * T::kQStride;              // [kStages][kBlockN][kQStride]
+  Elem* sV = sK + T::kStages * T::kBlockN * T::kQStride;  // [kStages][kBlockN][kVStride]
+  float* sO = reinterpret_cast<float*>(smem_raw);
+  const int stats_offset = T::kTileBytes > T::kEpilogueBytes ? T::kTileBytes : T::kEpilogueBytes;
+  float* sM = reinterpret_cast<float*>(smem_raw + stats_offset);  // [kWarpsN][kBlockM]
+  float* sL = sM + T::kWarpsN * T::kBlockM;
+  float* sLse = sL + T::kWarpsN * T::kBlockM;                    // [kBlockM]
+  int64_t* sRowK = reinterpret_cast<int64_t*>(smem_raw + stats_offset + T::kStatsBytes);  // [2][kBlockN]
+  int64_t* sRowV = sRowK + 2 * T::kBlockN;                                               // [2][kBlockN]
+
+  const int m_block = blockIdx.x;
+  const int hk = blockIdx.y;
+  const int b = blockIdx.z / p.num_splits;
+  const int split = blockIdx.z - b * p.num_splits;
+  const SeqLens seq = seq_lens(p.len, b);
+  const int packed_rows = seq.seqlen_q * p.group;
+  const int row0 = m_block * T::kBlockM;
+  if (row0 >= packed_rows) return;
+
+  // Keys this CTA may need: the union of its rows' visible ranges within its split.
+  const int last_row = min(row0 + T::kBlockM, packed_rows) - 1;
+  const core::KeyRange first_vis = core::visible_keys(row0 / p.group, seq.seqlen_q, seq.seqlen_k,
+                                                      p.window_left, p.window_right, p.attention_chunk);
+  const core::KeyRange last_vis = core::visible_keys(last_row / p.group, seq.seqlen_q, seq.seqlen_k,
+                                                     p.window_left, p.window_right, p.attention_chunk);
+  int splits_b = p.splits_per_batch ? p.splits_per_batch[b] : p.num_splits;
+  splits_b = clamp_int(splits_b, 1, p.num_splits);
+  const core::KeyRange split_range = core::split_keys(split, splits_b, seq.seqlen_k, p.split_block_n);
+  const int n_lo = max(first_vis.lo, split_range.lo);
+  const int n_hi = min(last_vis.hi, split_range.hi);
+
+  // Writes rows of this CTA: out (or the split's partial) from value(r, c) -> float4 of channels
+  // c..c+3, and the LSE from lse(r); rows past the sequence are skipped.
+  auto store_rows = [&](auto value, auto lse) {
+    const bool partial = p.num_splits > 1;
+    const int dv_quads = p.headdim_v / 4;
+    const int64_t out_batch = p.len.cu_seqlens_q.data ? 0 : b;
+    for (int e = threadIdx.x; e < T::kBlockM * dv_quads; e += T::kThreads) {
+      const int r = e / dv_quads;
+      const int c = (e - r * dv_quads) * 4;
+      const int idx = row0 + r;
+      if (idx >= packed_rows) continue;
+      const int i = idx / p.group;
+      const int head = hk * p.group + (idx - i * p.group);
+      const int64_t token = seq.q_offset + i;
+      const float4 v = value(r, c);
+      if (partial) {
+        float* dst = p.out_partial + split * p.op_split_stride + out_batch * p.op_batch_stride +
+                     token * p.op_token_stride + head * p.op_head_stride + c;
+        dst[0] = v.x; dst[1] = v.y; dst[2] = v.z; dst[3] = v.w;
+      } else {
+        Elem* dst = static_cast<Elem*>(p.out.data) + out_batch * p.out.batch_stride +
+                    token * p.out.token_stride + head * p.out.head_stride + c;
+        uint2 packed;
+        packed.x = pack2<Elem>(v.x, v.y);
+        packed.y = pack2<Elem>(v.z, v.w);
+        *reinterpret_cast<uint2*>(dst) = packed;
+      }
+      if (c == 0) {
+        if (partial) {
+          p.lse_partial[split * p.lp_split_stride + out_batch * p.lp_batch_stride +
+                        token * p.lp_token_stride + head * p.lp_head_stride] = lse(r);
+        } else if (p.lse) {
+          p.lse[out_batch * p.lse_batch_stride + token * p.lse_token_stride + head * p.lse_head_stride] = lse(r);
+        }
+      }
+    }
+  };
+  // No key and no sink (most CTAs of an unused split): out 0, LSE -inf, no shared memory.
+  const bool add_sink = (p.sinks_f32 || p.sinks_bf16) && split == 0;
+  if (n_lo >= n_hi && !add_sink) {
+    store_rows([](int, int) { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }, [](int) { return -INFINITY; });
+    return;
+  }
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int wm = warp % T::kWarpsM, wn = warp / T::kWarpsM;
+  const int g = lane / 4, t = lane % 4;
+
+  // This thread's two rows (g and g + 8 of its warp's 16) and their visible key ranges.
+  int row_lo[2], row_hi[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int idx = row0 + wm * 16 + g + 8 * h;
+    const core::KeyRange vis = core::visible_keys(idx / p.group, seq.seqlen_q, seq.seqlen_k,
+                                                  p.window_left, p.window_right, p.attention_chunk);
+    const bool row_ok = idx < packed_rows;
+    row_lo[h] = max(vis.lo, n_lo);
+    row_hi[h] = row_ok ? min(vis.hi, n_hi) : row_lo[h];
+  }
+
+  const Elem* q_base = static_cast<const Elem*>(p.q.data);
+  const int64_t q_batch = p.len.cu_seqlens_q.data ? 0 : int64_t(b) * p.q.batch_stride;
+  load_tile<T::kBlockM, T::kHeadDim, T::kQStride, T::kThreads>(
+      sQ, q_base, p.headdim / 8, [&](int r) -> const Elem* {
+        const int idx = row0 + r;
+        if (idx >= packed_rows) return nullptr;
+        const int i = idx / p.group;
+        const int h = hk * p.group + (idx - i * p.group);
+        return q_base + q_batch + int64_t(seq.q_offset + i) * p.q.token_stride + h * p.q.head_stride;
+      });
+
+  const Elem* k_base = static_cast<const Elem*>(p.cache.k);
+  const Elem* v_base = static_cast<const Elem*>(p.cache.v);
+  // Row offsets of key block n0 into slot `slot` (-1: outside the CTA's keys or a bad page).
+  auto fill_row_offsets = [&](int n0, int slot) {
+    for (int r = threadIdx.x; r < T::kBlockN; r += T::kThreads) {
+      const int j = n0 + r;
+      int64_t unit = 0;
+      int pos_in_unit = 0;
+      const bool ok = j >= n_lo && j < n_hi &&
+                      cache_location(p.cache, seq.cache_row, seq.leftpad + j, unit, pos_in_unit);
+      sRowK[slot * T::kBlockN + r] = ok ? unit * p.cache.k_row_stride + pos_in_unit * p.cache.k_pos_stride +
+                                              hk * p.cache.k_head_stride : -1;
+      sRowV[slot * T::kBlockN + r] = ok ? unit * p.cache.v_row_stride + pos_in_unit * p.cache.v_pos_stride +
+                                              hk * p.cache.v_head_stride : -1;
+    }
+  };
+  auto load_k = [&](int stage, int slot) {
+    load_tile<T::kBlockN, T::kHeadDim, T::kQStride, T::kThreads>(
+        sK + stage * T::kBlockN * T::kQStride, k_base, p.headdim / 8, [&](int r) -> const Elem* {
+          const int64_t off = sRowK[slot * T::kBlockN + r];
+          return off < 0 ? nullptr : k_base + off;
+        });
+  };
+  auto load_v = [&](int stage, int slot) {
+    load_tile<T::kBlockN, T::kHeadDimV, T::kVStride, T::kThreads>(
+        sV + stage * T::kBlockN * T::kVStride, v_base, p.headdim_v / 8, [&](int r) -> const Elem* {
+          const int64_t off = sRowV[slot * T::kBlockN + r];
+          return off < 0 ? nullptr : v_base + off;
+        });
+  };
+
+  const bool has_softcap = p.softcap > 0.0f;
+  const float score_scale = has_softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
+  const float softcap_log2 = p.softcap * kLog2e;
+
+  constexpr int kNTiles = T::kWarpKeys / 8;
+  constexpr int kOTiles = T::kHeadDimV / 8;
+  float o_acc[kOTiles][4];
+#pragma unroll
+  for (int i = 0; i < kOTiles; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY};  // log2 units
+  float row_sum[2] = {0.0f, 0.0f};
+
+  const uint32_t sQ_addr = smem_addr(sQ + (wm * 16 + (lane % 16)) * T::kQStride + (lane / 16) * 8);
+  // K (non-transposed): matrix mi = lane / 8 covers keys (mi / 2) * 8.., dims (mi % 2) * 8..
+  const uint32_t sK_addr = smem_addr(
+      sK + (wn * T::kWarpKeys + (lane / 16) * 8 + (lane % 8)) * T::kQStride + ((lane / 8) % 2) * 8);
+  // V (transposed): matrix mi covers keys (mi % 2) * 8.., dims (mi / 2) * 8..
+  const uint32_t sV_addr = smem_addr(
+      sV + (wn * T::kWarpKeys + ((lane / 8) % 2) * 8 + (lane % 8)) * T::kVStride + (lane / 16) * 8);
+
+  // The three steps of a key block; `stage` picks the K/V buffers.
+  constexpr uint32_t kKStageBytes = T::kBlockN * T::kQStride * 2, kVStageBytes = T::kBlockN * T::kVStride * 2;
+  float s[kNTiles][4];
+  auto scores = [&](int stage) {
+    const uint32_t k_addr = sK_addr + stage * kKStageBytes;
+#pragma unroll
+    for (int i = 0; i < kNTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(sQ_addr + kk * 32, a);
+#pragma unroll
+      for (int np = 0; np < kNTiles / 2; ++np) {
+        uint32_t bk[4];
+        ldmatrix_x4(k_addr + (np * 16 * T::kQStride) * 2 + kk * 32, bk);
+        mma_16816<Elem>(s[2 * np], a, bk[0], bk[1]);
+        mma_16816<Elem>(s[2 * np + 1], a, bk[2], bk[3]);
+      }
+    }
+  };
+  auto online_softmax = [&](int n0) {
+    // Scale (and softcap) into log2 units, mask, online softmax.
+    const int key0 = n0 + wn * T::kWarpKeys + 2 * t;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;
+        const int j = key0 + nt * 8 + (e & 1);
+        const float x = has_softcap ? softcap_log2 * tanhf(s[nt][e] * score_scale) : s[nt][e] * score_scale;
+        s[nt][e] = (j >= row_lo[h] && j < row_hi[h]) ? x : -INFINITY;
+        tile_max[h] = fmaxf(tile_max[h], s[nt][e]);
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      const float new_max = fmaxf(row_max[h], tile_max[h]);
+      const float base = new_max == -INFINITY ? 0.0f : new_max;  // all masked: exp2(-inf) = 0
+      alpha[h] = fast_exp2(row_max[h] - base);
+      row_max[h] = new_max;
+      row_sum[h] *= alpha[h];
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        s[nt][2 * h] = fast_exp2(s[nt][2 * h] - base);
+        s[nt][2 * h + 1] = fast_exp2(s[nt][2 * h + 1] - base);
+        row_sum[h] += s[nt][2 * h] + s[nt][2 * h + 1];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kOTiles; ++i) {
+      o_acc[i][0] *= alpha[0];
+      o_acc[i][1] *= alpha[0];
+      o_acc[i][2] *= alpha[1];
+      o_acc[i][3] *= alpha[1];
+    }
+  };
+  auto accumulate = [&](int stage) {
+    const uint32_t v_addr = sV_addr + stage * kVStageBytes;
+#pragma unroll
+    for (int ks = 0; ks < T::kWarpKeys / 16; ++ks) {
+      uint32_t a[4];
+      a[0] = pack2<Elem>(s[2 * ks][0], s[2 * ks][1]);
+      a[1] = pack2<Elem>(s[2 * ks][2], s[2 * ks][3]);
+      a[2] = pack2<Elem>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+      a[3] = pack2<Elem>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < kOTiles / 2; ++dp) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(v_addr + (ks * 16 * T::kVStride + dp * 16) * 2, bv);
+        mma_16816<Elem>(o_acc[2 * dp], a, bv[0], bv[1]);
+        mma_16816<Elem>(o_acc[2 * dp + 1], a, bv[2], bv[3]);
+      }
+    }
+  };
+
+  // Row-offset slots: block b of the CTA uses slot b % 2, filled one block ahead.
+  fill_row_offsets(n_lo, 0);
+  fill_row_offsets(n_lo + T::kBlockN, 1);
+  __syncthreads();
+  if constexpr (T::kStages == 2) {
+    if (n_lo < n_hi) {
+      load_k(0, 0);
+      load_v(0, 0);
+    }
+    cp_async_commit();
+    int stage = 0;  // also the row-offset slot: both alternate per block
+    for (int n0 = n_lo; n0 < n_hi; n0 += T::kBlockN, stage ^= 1) {
+      if (n0 + T::kBlockN < n_hi) {  // the next block loads while this one is used
+        load_k(stage ^ 1, stage ^ 1);
+        load_v(stage ^ 1, stage ^ 1);
+      }
+      cp_async_commit();
+      cp_async_wait_one();
+      __syncthreads();  // this block (and Q) landed
+      scores(stage);
+      online_softmax(n0);
+      accumulate(stage);
+      fill_row_offsets(n0 + 2 * T::kBlockN, stage);  // this slot's block is loaded already
+      __syncthreads();  // every warp is done with this stage before it is refilled
+    }
+  } else {
+    if (n_lo < n_hi) load_k(0, 0);
+    cp_async_commit();
+    int slot = 0;
+    for (int n0 = n_lo; n0 < n_hi; n0 += T::kBlockN, slot ^= 1) {
+      cp_async_wait_all();
+      __syncthreads();  // K (and Q) landed; every warp is done with the previous V
+      load_v(0, slot);
+      cp_async_commit();
+      scores(0);
+      online_softmax(n0);
+      cp_async_wait_all();
+      __syncthreads();  // V landed; every warp is done with K; the next block's offsets are in
+      if (n0 + T::kBlockN < n_hi) load_k(0, slot ^ 1);
+      cp_async_commit();
+      accumulate(0);
+      fill_row_offsets(n0 + 2 * T::kBlockN, slot);  // read by load_v above, before the barrier
+    }
+  }
+  cp_async_wait_all();
+
+  // Epilogue 1: per-warp row statistics to shared memory.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+  }
+  __syncthreads();  // every warp is done with the tiles: the epilogue reuses their memory
+  if (t == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      sM[wn * T::kBlockM + wm * 16 + g + 8 * h] = row_max[h];
+      sL[wn * T::kBlockM + wm * 16 + g + 8 * h] = row_sum[h];
+    }
+  }
+  if constexpr (T::kWarpsN > 1) {
+    for (int e = tid; e < T::kBlockM * T::kOStride; e += T::kThreads) sO[e] = 0.0f;
+  }
+  __syncthreads();
+
+  // Epilogue 2: merge the warps' states (and the sink, split 0 only), normalise into sO.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = wm * 16 + g + 8 * h;
+    float sink = -INFINITY;  // log2 units
+    if (add_sink) {
+      const int idx = min(row0 + r, packed_rows - 1);
+      const int64_t head = hk * p.group + idx % p.group;
+      sink = kLog2e * (p.sinks_f32 ? p.sinks_f32[head * p.sinks_stride]
+                                   : __bfloat162float(__ushort_as_bfloat16(p.sinks_bf16[head * p.sinks_stride])));
+    }
+    float m = sink;
+#pragma unroll
+    for (int w = 0; w < T::kWarpsN; ++w) m = fmaxf(m, sM[w * T::kBlockM + r]);
+    float l = sink == -INFINITY ? 0.0f : fast_exp2(sink - m);
+    float my_scale = 0.0f;
+#pragma unroll
+    for (int w = 0; w < T::kWarpsN; ++w) {
+      const float mw = sM[w * T::kBlockM + r];
+      const float sc = mw == -INFINITY ? 0.0f : fast_exp2(mw - m);
+      l += sL[w * T::kBlockM + r] * sc;
+      if (w == wn) my_scale = sc;
+    }
+    const bool nonempty = l > 0.0f && m != -INFINITY;
+    const float factor = nonempty ? my_scale / l : 0.0f;
+    if (wn == 0 && t == 0) sLse[r] = nonempty ? (m + log2f(l)) * kLn2 : -INFINITY;
+    float* o_row = sO + r * T::kOStride + 2 * t;
+#pragma unroll
+    for (int i = 0; i < kOTiles; ++i) {
+      const float x0 = o_acc[i][2 * h] * factor, x1 = o_acc[i][2 * h + 1] * factor;
+      if constexpr (T::kWarpsN > 1) {
+        atomicAdd(o_row + i * 8, x0);
+        atomicAdd(o_row + i * 8 + 1, x1);
+      } else {
+        o_row[i * 8] = x0;
+        o_row[i * 8 + 1] = x1;
+      }
+    }
+  }
+  __syncthreads();
+
+  // Epilogue 3: coalesced stores of the real rows and channels.
+  store_rows([&](int r, int c) { return *reinterpret_cast<const float4*>(sO + r * T::kOStride + c); },
+             [&](int r) { return sLse[r]; });
+}
+
+// Decode shape: at most 16 packed rows per CTA, 4 warps splitting every key block.
+template <class Elem, int kHeadDim, int kHeadDimV>
+using DecodeTraits = AttentionTraits<Elem, kHeadDim, kHeadDimV, 16,
+                                     (kHeadDim > kHeadDimV ? kHeadDim : kHeadDimV) <= 64 ? 128 : 64, 4>;
+// Prefill shape: the sm80 tile table (core/tile_size.h), one warp per 16 rows.
+template <class Elem, int kHeadDim, int kHeadDimV>
+using PrefillTraits = AttentionTraits<Elem, kHeadDim, kHeadDimV,
+                                      (kHeadDim > kHeadDimV ? kHeadDim : kHeadDimV) <= 128 ? 128 : 64,
+                                      (kHeadDim > kHeadDimV ? kHeadDim : kHeadDimV) <= 64 ? 128 : 64, 1,
+                                      (kHeadDim > kHeadDimV ? kHeadDim : kHeadDimV) == 128 ? 2 : 1>;
+
+template <class T>
+void launch_attention_with(const AttentionParams& p, cudaStream_t stream) {
+  auto kernel = attention_kernel<T>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  const int packed_max = p.len.seqlen_q * p.group;
+  const dim3 grid((packed_max + T::kBlockM - 1) / T::kBlockM, p.num_heads_k, p.len.batch * p.num_splits);
+  if (grid.x == 0 || grid.z == 0) return;
+  if (grid.z > 65535) {
+    throw Error(ErrorKind::unsupported, "num_splits",
+                "batch * num_splits above 65535 is not supported on CUDA yet (got " +
+                    std::to_string(grid.z) + ")");
+  }
+  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
+}
+
+// Instantiated once per (dtype, head dims) in attention_inst_*.cu.
+template <class Elem, int kHeadDim, int kHeadDimV>
+void launch_attention(const AttentionParams& p, cudaStream_t stream) {
+  if (p.len.seqlen_q * p.group <= 16) {
+    launch_attention_with<DecodeTraits<Elem, kHeadDim, kHeadDimV>>(p, stream);
+  } else {
+    launch_attention_with<PrefillTraits<Elem, kHeadDim, kHeadDimV>>(p, stream);
+  }
+}
+
+}  // namespace kvflash::cuda

@@ -1,0 +1,37 @@
+// Host-side launchers of the CUDA kernels (one .cu file each); backend.cu sequences them.
+// Every launcher enqueues on `stream` and neither allocates nor synchronises.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/params.h"
+
+namespace kvflash::cuda {
+
+// append_kv.cu: new K/V rows (K rotated when rotary is on) into the cache at cache_seqlens[b] + t.
+template <class Elem>
+void launch_append_kv(const AppendParams& p, int max_new_rows, cudaStream_t stream);
+// append_kv.cu: q rotated (spec 5.2) into a workspace copy the attention kernel reads.
+template <class Elem>
+void launch_rotate_q(const RotateQParams& p, cudaStream_t stream);
+
+// attention_inst_*.cu: attention for one (dtype, head dims) instantiation.
+template <class Elem, int kHeadDim, int kHeadDimV>
+void launch_attention(const AttentionParams& p, cudaStream_t stream);
+
+// combine.cu: split partials into out (of out_type) and LSE.
+void launch_combine(const CombineParams& p, ElemType out_type, cudaStream_t stream);
+
+// prepare.cu: per-batch split counts on the device (spec 6.3 dynamic splits).
+struct PrepareParams {
+  LengthParams len;
+  int num_splits = 1;     // static upper bound
+  int block_m = 64, block_n = 64;
+  int group = 1;          // packed query heads per KV head
+  int heads = 1;          // heads the scheduler iterates (h_k with PackGQA)
+  int num_sms = 1;
+  int32_t* splits_out = nullptr;  // (batch,)
+};
+void launch_prepare(const PrepareParams& p, cudaStream_t stream);
+
+}  // namespace kvflash::cuda

@@ -1,0 +1,127 @@
+// Plain-data parameter blocks the CUDA kernels take (host fills them from a resolved Problem in
+// backend.cu). Every length or index read from device memory is clamped or skipped on the device
+// (lengths.cuh), so no value, however wrong, makes a kernel touch memory outside its tensors.
+#pragma once
+
+#include <cstdint>
+
+namespace kvflash::cuda {
+
+// An optional int32 vector in device memory (nullptr: absent).
+struct IntVec {
+  const int32_t* data = nullptr;
+  int64_t stride = 1;
+};
+
+// Everything needed to derive one sequence's lengths (spec 5.1) on the device.
+struct LengthParams {
+  int batch = 0;
+  int seqlen_q = 0;        // static s_q (dense) / max_seqlen_q (varlen)
+  int total_q = 0;         // rows of q
+  IntVec cu_seqlens_q;
+  IntVec cache_seqlens;
+  int cache_seqlens_value = -1;  // one value for every sequence (-1: none)
+  IntVec cache_leftpad;
+  IntVec cache_batch_idx;
+  int num_cache_seqs = 0;  // rows a cache_batch_idx may name (b_k dense, page_table rows paged)
+  int capacity = 0;        // keys one cache sequence holds (s_k, or pages_per_seq * page_size)
+  bool has_knew = false;
+  IntVec cu_seqlens_k_new;
+  int seqlen_knew = 0;     // static s_new (dense k)
+  int total_knew = 0;      // rows of k (packed) or b * s_new
+  IntVec rotary_seqlens;
+};
+
+// Where key position p (absolute, leftpad included) of cache sequence `row` lives.
+struct CacheParams {
+  void* k = nullptr;
+  void* v = nullptr;
+  int64_t k_row_stride = 0, k_pos_stride = 0, k_head_stride = 0;  // row: batch row or page
+  int64_t v_row_stride = 0, v_pos_stride = 0, v_head_stride = 0;
+  bool paged = false;
+  int page_size = 1;
+  int num_pages = 0;       // k_cache.shape[0] when paged
+  const int32_t* page_table = nullptr;
+  int64_t page_table_row_stride = 0, page_table_col_stride = 1;
+  int pages_per_seq = 0;
+};
+
+// A strided (batch, token, head) row space over a [.., d] tensor; varlen tensors use batch
+// stride 0 and absolute token indices.
+struct RowLayout {
+  void* data = nullptr;
+  int64_t batch_stride = 0, token_stride = 0, head_stride = 0;
+};
+
+struct AttentionParams {
+  LengthParams len;
+  CacheParams cache;
+  RowLayout q;             // q, or the rotated copy in the workspace
+  RowLayout out;
+  float* lse = nullptr;    // softmax_lse or nullptr
+  int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_token_stride = 0;
+  // Split partials (num_splits > 1): fp32, same (batch, token, head) addressing plus a split stride.
+  float* out_partial = nullptr;
+  int64_t op_split_stride = 0, op_batch_stride = 0, op_token_stride = 0, op_head_stride = 0;
+  float* lse_partial = nullptr;
+  int64_t lp_split_stride = 0, lp_batch_stride = 0, lp_token_stride = 0, lp_head_stride = 0;
+
+  int num_heads = 0, num_heads_k = 0, group = 1;
+  int headdim = 0, headdim_v = 0;  // actual (the kernel's are rounded up)
+  float softmax_scale = 1.0f;
+  float softcap = 0.0f;
+  int window_left = -1, window_right = -1, attention_chunk = 0;
+  const float* sinks_f32 = nullptr;       // one of the two, or neither
+  const uint16_t* sinks_bf16 = nullptr;
+  int64_t sinks_stride = 1;
+  int num_splits = 1;                     // plan's upper bound (grid size)
+  const int32_t* splits_per_batch = nullptr;  // device, per batch element (nullptr: num_splits)
+  int split_block_n = 64;                 // plan.block_n: split boundaries (core::split_keys)
+};
+
+// Appending new K/V (with rotary) into the cache, and rotating q into the workspace.
+struct AppendParams {
+  LengthParams len;
+  CacheParams cache;
+  RowLayout k_new, v_new;  // token index: absolute row of packed k, or position in dense k
+  int num_heads_k = 0, headdim = 0, headdim_v = 0;
+  const void* rotary_cos = nullptr;
+  const void* rotary_sin = nullptr;
+  int64_t rotary_row_stride = 0, rotary_col_stride = 1;
+  int rotary_rows = 0;
+  int rotary_dim = 0;
+  bool rotary_interleaved = true;
+};
+
+struct RotateQParams {
+  LengthParams len;
+  RowLayout q;        // source
+  RowLayout q_rot;    // destination (workspace, dense (total, h, d) or (b, s_q, h, d))
+  int num_heads = 0, headdim = 0;
+  const void* rotary_cos = nullptr;
+  const void* rotary_sin = nullptr;
+  int64_t rotary_row_stride = 0, rotary_col_stride = 1;
+  int rotary_rows = 0;
+  int rotary_dim = 0;
+  bool rotary_interleaved = true;
+  bool per_row = false;  // causal / local: row i at start + i
+};
+
+// Merging split partials: rows addressed as (a, b, c) with per-tensor strides.
+struct CombineParams {
+  const float* out_partial = nullptr;
+  int64_t op_split = 0, op_a = 0, op_b = 0, op_c = 0;
+  const float* lse_partial = nullptr;
+  int64_t lp_split = 0, lp_a = 0, lp_b = 0, lp_c = 0;
+  void* out = nullptr;
+  int64_t o_a = 0, o_b = 0, o_c = 0;
+  float* lse = nullptr;
+  int64_t l_a = 0, l_b = 0, l_c = 0;
+  int dim_a = 1, dim_b = 1, dim_c = 1;  // row space
+  int num_splits = 1;
+  int headdim_v = 0;
+};
+
+enum class ElemType { f16, bf16, f32 };
+
+}  // namespace kvflash::cuda

@@ -1,0 +1,183 @@
+// Timings of the speed floors (bf16, random normal data, CUDA events around a CUDA graph of
+// several calls, each call with a Plan and a workspace; median of the repeats):
+//   paged decode, page 16, 32 / 8 heads, d 128: batch 64 x 8192 (TB/s of K+V read) and
+//   batch 1 x 8192 (us per call; the graph cycles through 16 disjoint page sets, 128 MB, past L2);
+//   prefill, one sequence of 16384 tokens, 16 heads, d 128, non-causal (TFLOP/s).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_util.h"
+#include "kvflash/kvflash.h"
+
+namespace kvflash::gpu_test {
+namespace {
+
+// Device buffer of `count` bf16 values N(0, 1) (a 16M-element random block repeated).
+void* random_bf16(size_t count) {
+  static std::vector<uint16_t> block = [] {
+    std::vector<uint16_t> b(size_t{1} << 24);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (auto& x : b) {
+      float f = normal(rng);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      x = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    return b;
+  }();
+  void* d = nullptr;
+  check(cudaMalloc(&d, count * 2), "cudaMalloc");
+  for (size_t at = 0; at < count; at += block.size()) {
+    const size_t n = std::min(block.size(), count - at);
+    check(cudaMemcpy(static_cast<uint16_t*>(d) + at, block.data(), n * 2, cudaMemcpyHostToDevice), "fill");
+  }
+  return d;
+}
+
+void* device_ints(const std::vector<int32_t>& v) {
+  void* d = nullptr;
+  check(cudaMalloc(&d, v.size() * 4), "cudaMalloc");
+  check(cudaMemcpy(d, v.data(), v.size() * 4, cudaMemcpyHostToDevice), "upload ints");
+  return d;
+}
+
+TensorView cuda_view(void* data, DType dtype, std::initializer_list<int64_t> shape) {
+  return TensorView::contiguous(data, dtype, shape, Device{DeviceType::cuda, 0});
+}
+
+// Median milliseconds of one call, timing graphs of `calls.size()` calls (one per argument set).
+double time_calls(std::vector<KvCacheArgs>& calls, const Outputs& out, int repeats) {
+  Plan plan = make_plan(calls[0]);
+  const size_t ws_bytes = workspace_size(calls[0], plan);
+  void* ws = nullptr;
+  check(cudaMalloc(&ws, std::max<size_t>(ws_bytes, 16)), "workspace");
+  cudaStream_t stream;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  RunOptions options{stream, Workspace{ws, ws_bytes}, 0};
+  for (KvCacheArgs& a : calls) a.plan = &plan;
+  flash_attn_with_kvcache(calls[0], out, options);  // warm-up outside the graph
+  check(cudaStreamSynchronize(stream), "warm-up");
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+  for (const KvCacheArgs& a : calls) flash_attn_with_kvcache(a, out, options);
+  check(cudaStreamEndCapture(stream, &graph), "end capture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<float> ms;
+  for (int r = 0; r < repeats + 2; ++r) {
+    cudaEventRecord(start, stream);
+    cudaGraphLaunch(exec, stream);
+    cudaEventRecord(stop, stream);
+    check(cudaEventSynchronize(stop), "timed replay");
+    float t = 0;
+    cudaEventElapsedTime(&t, start, stop);
+    if (r >= 2) ms.push_back(t / float(calls.size()));
+  }
+  std::sort(ms.begin(), ms.end());
+  std::printf("    (plan: block %dx%d, num_splits %d)\n", plan.block_m, plan.block_n, plan.num_splits);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaFree(ws);
+  cudaStreamDestroy(stream);
+  return ms[ms.size() / 2];
+}
+
+struct Result {
+  const char* name;
+  double ms;
+  double rate;
+  const char* unit;
+};
+
+Result bench_decode(int batch, int context, int page_sets) {
+  constexpr int kHeads = 32, kHeadsK = 8, kDim = 128, kPage = 16;
+  const int pages_per_seq = context / kPage;
+  const int num_pages = batch * pages_per_seq * page_sets;
+  const size_t cache_elems = size_t(num_pages) * kPage * kHeadsK * kDim;
+  void* k_cache = random_bf16(cache_elems);
+  void* v_cache = random_bf16(cache_elems);
+  void* q = random_bf16(size_t(batch) * kHeads * kDim);
+  void* out = random_bf16(size_t(batch) * kHeads * kDim);
+  float* lse = nullptr;
+  check(cudaMalloc(&lse, size_t(batch) * kHeads * 4), "lse");
+  void* seqlens = device_ints(std::vector<int32_t>(size_t(batch), context));
+  std::vector<int32_t> pages(static_cast<size_t>(num_pages));
+  std::iota(pages.begin(), pages.end(), 0);
+  std::shuffle(pages.begin(), pages.end(), std::mt19937(3));
+  std::vector<KvCacheArgs> calls;
+  for (int s = 0; s < page_sets; ++s) {
+    std::vector<int32_t> table(pages.begin() + size_t(s) * batch * pages_per_seq,
+                               pages.begin() + size_t(s + 1) * batch * pages_per_seq);
+    KvCacheArgs a;
+    a.q = cuda_view(q, DType::bf16, {batch, 1, kHeads, kDim});
+    a.k_cache = cuda_view(k_cache, DType::bf16, {num_pages, kPage, kHeadsK, kDim});
+    a.v_cache = cuda_view(v_cache, DType::bf16, {num_pages, kPage, kHeadsK, kDim});
+    a.page_table = cuda_view(device_ints(table), DType::i32, {batch, pages_per_seq});
+    a.cache_seqlens = cuda_view(seqlens, DType::i32, {batch});
+    a.causal = true;
+    calls.push_back(a);
+  }
+  Outputs o;
+  o.out = cuda_view(out, DType::bf16, {batch, 1, kHeads, kDim});
+  o.softmax_lse = cuda_view(lse, DType::f32, {batch, kHeads, 1});
+  const double ms = time_calls(calls, o, 20);
+  const double bytes = 2.0 * batch * context * kHeadsK * kDim * 2;
+  return {batch == 1 ? "decode b1 x 8192 (us)" : "decode b64 x 8192 (TB/s)", ms, bytes / (ms * 1e-3) / 1e12, "TB/s"};
+}
+
+Result bench_prefill(int seqlen, bool causal) {
+  constexpr int kHeads = 16, kDim = 128;
+  const size_t elems = size_t(seqlen) * kHeads * kDim;
+  void* q = random_bf16(elems);
+  void* k = random_bf16(elems);
+  void* v = random_bf16(elems);
+  void* out = random_bf16(elems);
+  float* lse = nullptr;
+  check(cudaMalloc(&lse, size_t(seqlen) * kHeads * 4), "lse");
+  KvCacheArgs a;
+  a.q = cuda_view(q, DType::bf16, {1, seqlen, kHeads, kDim});
+  a.k_cache = cuda_view(k, DType::bf16, {1, seqlen, kHeads, kDim});
+  a.v_cache = cuda_view(v, DType::bf16, {1, seqlen, kHeads, kDim});
+  a.causal = causal;
+  std::vector<KvCacheArgs> calls{a};
+  Outputs o;
+  o.out = cuda_view(out, DType::bf16, {1, seqlen, kHeads, kDim});
+  o.softmax_lse = cuda_view(lse, DType::f32, {1, kHeads, seqlen});
+  const double ms = time_calls(calls, o, 5);
+  const double flops = 4.0 * kHeads * double(seqlen) * seqlen * kDim / (causal ? 2 : 1);
+  return {causal ? "prefill 16k causal" : "prefill 16k non-causal", ms, flops / (ms * 1e-3) / 1e12, "TFLOP/s"};
+}
+
+}  // namespace
+
+int run_bench(const std::string& only) {
+  std::vector<Result> results;
+  auto wanted = [&](const char* name) { return only.empty() || only == name; };
+  try {
+    if (wanted("decode64")) results.push_back(bench_decode(64, 8192, 1));
+    if (wanted("decode1")) results.push_back(bench_decode(1, 8192, 16));
+    if (wanted("prefill")) results.push_back(bench_prefill(16384, false));
+    if (wanted("prefill_causal")) results.push_back(bench_prefill(16384, true));
+  } catch (const Error& e) {
+    std::printf("bench: the call threw: %s\n", e.what());
+    return 1;
+  }
+  std::printf("%-28s %12s %12s\n", "case", "time (us)", "rate");
+  for (const Result& r : results) {
+    std::printf("%-28s %12.1f %9.2f %s\n", r.name, r.ms * 1e3, r.rate, r.unit);
+  }
+  return 0;
+}
+
+}  // namespace kvflash::gpu_test

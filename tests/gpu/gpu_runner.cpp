@@ -1,0 +1,149 @@
+// The GPU test runner: the CUDA backend against the oracle on the same seeded random cases the CPU
+// differential test draws (tests/oracle/random_case.h), a CUDA-graph decode test, and timings.
+//
+//   kvflash_gpu_runner random <count> [first_seed]   differential cases (unsupported ones skipped)
+//   kvflash_gpu_runner graph                          capture a decode step, replay with new lengths
+//   kvflash_gpu_runner combine                        kvflash::combine on the GPU vs the CPU
+//   kvflash_gpu_runner bench [case]                   the speed floors (decode64, decode1,
+//                                                     prefill, prefill_causal; default all)
+//
+// Every case copies its tensors to the device with their strides, runs the public API there,
+// copies the outputs and caches back and lets oracle::compare judge them. Exit status 0 = pass.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvflash/kvflash.h"
+#include "oracle/oracle.h"
+#include "oracle/random_case.h"
+#include "gpu/gpu_util.h"
+
+namespace kvflash::gpu_test {
+namespace {
+
+KvCacheArgs device_args(const KvCacheArgs& host, DeviceMirror& mirror) {
+  KvCacheArgs a = host;
+  for (OptTensor KvCacheArgs::*field :
+       {&KvCacheArgs::q, &KvCacheArgs::k_cache, &KvCacheArgs::v_cache, &KvCacheArgs::k,
+        &KvCacheArgs::v, &KvCacheArgs::qv, &KvCacheArgs::rotary_cos, &KvCacheArgs::rotary_sin,
+        &KvCacheArgs::cache_seqlens, &KvCacheArgs::cache_batch_idx, &KvCacheArgs::cache_leftpad,
+        &KvCacheArgs::page_table, &KvCacheArgs::cu_seqlens_q, &KvCacheArgs::cu_seqlens_k_new,
+        &KvCacheArgs::rotary_seqlens, &KvCacheArgs::q_descale, &KvCacheArgs::k_descale,
+        &KvCacheArgs::v_descale, &KvCacheArgs::scheduler_metadata, &KvCacheArgs::sinks}) {
+    a.*field = mirror.upload(host.*field);
+  }
+  return a;
+}
+
+Outputs device_outputs(const Outputs& host, DeviceMirror& mirror) {
+  Outputs o;
+  o.out = mirror.upload(host.out);
+  o.softmax_lse = mirror.upload(host.softmax_lse);
+  o.out_accum = mirror.upload(host.out_accum);
+  o.softmax_lse_accum = mirror.upload(host.softmax_lse_accum);
+  return o;
+}
+
+void download_outputs(const Outputs& host, const Outputs& dev) {
+  DeviceMirror::download(host.out, dev.out);
+  if (host.softmax_lse) DeviceMirror::download(*host.softmax_lse, *dev.softmax_lse);
+}
+
+// What this build of the CUDA backend takes (the rest answers Error(unsupported)).
+bool cuda_supports(const KvCacheArgs& a) {
+  const DType dtype = a.v_cache->dtype;
+  if (dtype != DType::bf16 && dtype != DType::f16) return false;
+  if (a.qv || a.only_qv || !a.q || !a.k_cache) return false;
+  return a.q->size(-1) <= 256 && a.v_cache->size(-1) <= 256;
+}
+
+struct Tally {
+  int passed = 0, failed = 0, skipped = 0, split_cases = 0, paged = 0, appended = 0, checked = 0;
+};
+
+int run_random(int count, uint64_t first_seed) {
+  Tally tally;
+  const auto start = std::chrono::steady_clock::now();
+  for (uint64_t seed = first_seed; tally.passed + tally.failed < count && seed < first_seed + 20 * count; ++seed) {
+    oracle::Case c = oracle::make_random_case(seed);
+    if (!cuda_supports(c.args)) {
+      ++tally.skipped;
+      continue;
+    }
+    const oracle::OracleResult ref = oracle::run_oracle(c.args);
+    std::string error;
+    oracle::CaseOutputs host_out;
+    int splits = 1;
+    {
+      DeviceMirror mirror;
+      KvCacheArgs dev = device_args(c.args, mirror);
+      try {
+        const OutputSpec spec = output_spec(dev);
+        splits = spec.num_splits;
+        host_out = oracle::allocate_outputs(spec, /*with_partials=*/false);
+        Outputs dev_out = device_outputs(host_out.outputs, mirror);
+        flash_attn_with_kvcache(dev, dev_out);
+        check(cudaDeviceSynchronize(), "flash_attn_with_kvcache");
+        download_outputs(host_out.outputs, dev_out);
+        DeviceMirror::download(*c.args.k_cache, *dev.k_cache);
+        DeviceMirror::download(*c.args.v_cache, *dev.v_cache);
+      } catch (const Error& e) {
+        error = std::string(error_kind_name(e.kind())) + " (" + e.argument() + "): " + e.what();
+      }
+    }
+    if (!error.empty()) {
+      ++tally.failed;
+      std::printf("FAIL %s\n  the call threw %s\n", oracle::describe(c).c_str(), error.c_str());
+      continue;
+    }
+    const oracle::Comparison cmp = oracle::compare(c, ref, host_out.outputs);
+    tally.split_cases += splits > 1;
+    tally.paged += c.args.page_table.has_value();
+    tally.appended += c.args.k.has_value();
+    tally.checked += c.args.checked;
+    if (cmp.ok) {
+      ++tally.passed;
+    } else {
+      ++tally.failed;
+      std::printf("FAIL %s\n  %s\n  worst: %s\n", oracle::describe(c).c_str(),
+                  cmp.first_failure.c_str(), cmp.worst.c_str());
+    }
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("random: %d passed, %d failed, %d skipped (unsupported on CUDA); of the run: %d split-KV, "
+              "%d paged, %d appending, %d checked mode; %.1f s\n",
+              tally.passed, tally.failed, tally.skipped, tally.split_cases, tally.paged,
+              tally.appended, tally.checked, secs);
+  return tally.failed == 0 && tally.passed > 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int run_graph();    // graph_test.cpp
+int run_combine();  // combine_test.cpp
+int run_bench(const std::string& only);  // bench.cpp: "" for every case
+
+}  // namespace kvflash::gpu_test
+
+int main(int argc, char** argv) {
+  using namespace kvflash::gpu_test;
+  const std::string mode = argc > 1 ? argv[1] : "random";
+  if (mode == "random") {
+    const int count = argc > 2 ? std::atoi(argv[2]) : 1000;
+    const uint64_t seed = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 1;
+    return run_random(count, seed);
+  }
+  if (mode == "graph") return run_graph();
+  if (mode == "combine") return run_combine();
+  if (mode == "bench") return run_bench(argc > 2 ? argv[2] : "");
+  std::fprintf(stderr, "usage: %s random <count> [first_seed] | graph | combine | bench [case]\n", argv[0]);
+  return 2;
+}

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU test runner, one call on a GPU machine: build (all instantiations, sm_80 + sm_90a),
+# resource usage of the kernels, >= 1000 random differential cases against the oracle,
+# compute-sanitizer memcheck and racecheck over a subset, the CUDA-graph decode test, timings,
+# then a summary table. Logs go to $OUT (or ./gpu-logs).
+#   CASES=1000 MEMCHECK_CASES=40 RACECHECK_CASES=12 JOBS=16 tests/gpu/run.sh
+set -u -o pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/gpu-logs}
+mkdir -p "$OUT"
+CASES=${CASES:-1000}
+MEMCHECK_CASES=${MEMCHECK_CASES:-40}
+RACECHECK_CASES=${RACECHECK_CASES:-12}
+JOBS=${JOBS:-$(nproc)}
+BUILD=${BUILD:-build-gpu}
+declare -A status
+
+step() {  # step NAME LOG COMMAND...: runs, records PASS/FAIL, keeps the log
+  local name=$1 log=$2
+  shift 2
+  local t0=$SECONDS
+  if "$@" >"$OUT/$log" 2>&1; then status[$name]="PASS ($((SECONDS - t0)) s)"; else status[$name]="FAIL ($((SECONDS - t0)) s, see $log)"; fi
+  tail -n 4 "$OUT/$log"
+}
+
+cutlass_flag=()
+[ -d .cutlass/include ] && cutlass_flag=(-DKVFLASH_CUTLASS_INCLUDE="$PWD/.cutlass/include")
+step build build.log bash -c "cmake -S . -B $BUILD -G Ninja -DKVFLASH_CUDA=ON -DKVFLASH_TESTS=OFF -DKVFLASH_TOOLS=OFF \
+  -DKVFLASH_GPU_TESTS=ON ${cutlass_flag[*]} && ninja -C $BUILD -j$JOBS kvflash_gpu_runner"
+RUNNER=$BUILD/kvflash_gpu_runner
+if [ ! -x "$RUNNER" ]; then
+  echo "build failed"; tail -n 40 "$OUT/build.log"; exit 1
+fi
+# Registers / spills / tensor-core instructions of the attention kernels (sm_90a cubins).
+# (At most 8 files come back from a device call: the GPU line heads resources.txt.)
+(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+ for o in "$BUILD"/CMakeFiles/kvflash_lib.dir/src/cuda/attention_inst_bf16_hdim128.cu.o; do
+   cuobjdump --dump-resource-usage "$o" | grep -E "Function|REG"
+   echo "HMMA in sm_90 SASS: $(cuobjdump --dump-sass -arch sm_90a "$o" | grep -c HMMA)"
+   echo "LDGSTS: $(cuobjdump --dump-sass -arch sm_90a "$o" | grep -c LDGSTS)"
+ done) >"$OUT/resources.txt" 2>&1
+
+step random random.log "$RUNNER" random "$CASES" 1
+step graph graph.log "$RUNNER" graph
+step combine combine.log "$RUNNER" combine
+step memcheck memcheck.log timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool memcheck --error-exitcode 9 "$RUNNER" random "$MEMCHECK_CASES" 5001
+step racecheck racecheck.log timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool racecheck --error-exitcode 9 "$RUNNER" random "$RACECHECK_CASES" 7001
+step bench bench.log "$RUNNER" bench
+
+echo
+echo "=== summary ($(head -1 "$OUT/resources.txt")) ==="
+printf '%-10s %s\n' step result
+for s in build random graph combine memcheck racecheck bench; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
+grep -h "^random:" "$OUT/random.log" || true
+grep -h "^graph:" "$OUT/graph.log" || true
+grep -h "^combine" "$OUT/combine.log" | tail -3 || true
+grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" || true
+grep -hE "Function|REG" "$OUT/resources.txt" | head -8 || true
+grep -h "HMMA\|LDGSTS" "$OUT/resources.txt" || true
+tail -n 6 "$OUT/bench.log"
