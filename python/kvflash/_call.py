@@ -1,0 +1,34 @@
+"""The call tuple: one flash_attn_with_kvcache call as it crosses into the extension, FA3's
+arguments in FA3's order plus kvflash's, in python/src/call_args.h's CallField order. One tuple
+keeps the crossing cheap; this module is the Python side's one statement of the order."""
+
+FIELDS = (
+    "q", "k_cache", "v_cache", "k", "v", "qv", "rotary_cos", "rotary_sin", "cache_seqlens",
+    "cache_batch_idx", "cache_leftpad", "page_table", "cu_seqlens_q", "cu_seqlens_k_new",
+    "max_seqlen_q", "rotary_seqlens", "q_descale", "k_descale", "v_descale", "softmax_scale",
+    "causal", "window_size", "attention_chunk", "softcap", "rotary_interleaved",
+    "scheduler_metadata", "num_splits", "pack_gqa", "sm_margin", "sinks", "only_qv", "checked",
+)
+
+(Q, K_CACHE, V_CACHE, K, V, QV, ROTARY_COS, ROTARY_SIN, CACHE_SEQLENS, CACHE_BATCH_IDX,
+ CACHE_LEFTPAD, PAGE_TABLE, CU_SEQLENS_Q, CU_SEQLENS_K_NEW, MAX_SEQLEN_Q, ROTARY_SEQLENS,
+ Q_DESCALE, K_DESCALE, V_DESCALE, SOFTMAX_SCALE, CAUSAL, WINDOW_SIZE, ATTENTION_CHUNK, SOFTCAP,
+ ROTARY_INTERLEAVED, SCHEDULER_METADATA, NUM_SPLITS, PACK_GQA, SM_MARGIN, SINKS, ONLY_QV,
+ CHECKED) = range(len(FIELDS))
+
+
+def make(q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+         cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
+         q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
+         softcap, rotary_interleaved, scheduler_metadata, num_splits, pack_gqa, sm_margin, sinks,
+         only_qv, checked=False):
+    return (q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin, cache_seqlens,
+            cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
+            max_seqlen_q, rotary_seqlens, q_descale, k_descale, v_descale, softmax_scale,
+            causal, window_size, attention_chunk, softcap, rotary_interleaved,
+            scheduler_metadata, num_splits, pack_gqa, sm_margin, sinks, only_qv, checked)
+
+
+def with_metadata(call, metadata):
+    """The same call with another scheduler_metadata."""
+    return call[:SCHEDULER_METADATA] + (metadata,) + call[SCHEDULER_METADATA + 1:]

@@ -1,0 +1,27 @@
+// One flash_attn_with_kvcache call as it crosses from Python: a tuple whose items are FA3's
+// arguments in FA3's order (python/kvflash/flash_attn_interface.py builds it), turned into a
+// kvflash::KvCacheArgs. A single tuple keeps the per-call crossing cheap and the order in one place.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include "kvflash/args.h"
+#include "kvflash/plan.h"
+#include "tensor_import.h"
+
+namespace kvflash::python {
+
+// Positions in the tuple; keep in step with python/kvflash/_call.py.
+enum CallField : int {
+  kQ, kKCache, kVCache, kK, kV, kQv, kRotaryCos, kRotarySin, kCacheSeqlens, kCacheBatchIdx,
+  kCacheLeftpad, kPageTable, kCuSeqlensQ, kCuSeqlensKNew, kMaxSeqlenQ, kRotarySeqlens,
+  kQDescale, kKDescale, kVDescale, kSoftmaxScale, kCausal, kWindowSize, kAttentionChunk,
+  kSoftcap, kRotaryInterleaved, kSchedulerMetadata, kNumSplits, kPackGqa, kSmMargin, kSinks,
+  kOnlyQv, kChecked, kCallFieldCount
+};
+
+// Builds the arguments; tensors are imported through `importer` (which keeps what it made
+// alive). scheduler_metadata may be a Plan (typed metadata) or an int32 tensor (FA3's layout).
+KvCacheArgs call_args(nb::handle call, TensorImporter& importer);
+
+}  // namespace kvflash::python

@@ -1,0 +1,260 @@
+// kvflash._kvflash: the nanobind module under python/kvflash. It is deliberately thin: it
+// imports tensors (tensor_import.h), builds KvCacheArgs (call_args.h), asks the caller's
+// framework for outputs through an `allocate(like, shape, dtype_code)` callback and calls the
+// C++ library. FA3's Python conventions live in flash_attn_interface.py.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+
+#include "call_args.h"
+#include "kvflash/kvflash.h"
+#include "tensor_import.h"
+
+namespace nb = nanobind;
+
+namespace kvflash::python {
+namespace {
+
+nb::tuple shape_tuple(const TensorSpec& spec) {
+  nb::list dims;
+  for (int i = 0; i < spec.rank; ++i) dims.append(spec.shape[i]);
+  return nb::tuple(dims);
+}
+
+// An output the caller's framework allocates: allocate(like, shape, dtype_code).
+nb::object allocate_output(nb::handle allocate, nb::handle like, const TensorSpec& spec) {
+  return allocate(like, shape_tuple(spec), static_cast<int>(spec.dtype));
+}
+
+nb::object empty_output(nb::handle allocate, nb::handle like) {
+  TensorSpec empty;
+  empty.rank = 1;
+  empty.shape[0] = 0;
+  return allocate_output(allocate, like, empty);
+}
+
+RunOptions run_options(uintptr_t stream) {
+  RunOptions options;
+  options.stream = reinterpret_cast<void*>(stream);
+  return options;
+}
+
+// The call. `out` may be None (allocated here). Returns out, or FA3's four values
+// (out, softmax_lse, out_accum, softmax_lse_accum) with return_lse.
+nb::object fwd(nb::handle call, nb::handle out, nb::handle allocate, bool return_lse,
+               uintptr_t stream) {
+  TensorImporter importer;
+  KvCacheArgs args = call_args(call, importer);
+  nb::handle like = PyTuple_GET_ITEM(call.ptr(), args.q ? kQ : kVCache);
+  const OutputSpec spec = output_spec(args, args.plan);
+  nb::object out_obj = out.is_none() ? allocate_output(allocate, like, spec.out) : nb::borrow(out);
+  Outputs outputs;
+  outputs.out = importer.required(out_obj, "out", /*writable=*/true);
+  nb::object lse_obj, out_accum_obj, lse_accum_obj;
+  if (return_lse) {
+    lse_obj = allocate_output(allocate, like, spec.softmax_lse);
+    outputs.softmax_lse = importer.required(lse_obj, "softmax_lse", true);
+    if (spec.num_splits > 1) {
+      out_accum_obj = allocate_output(allocate, like, spec.out_accum);
+      lse_accum_obj = allocate_output(allocate, like, spec.softmax_lse_accum);
+      outputs.out_accum = importer.required(out_accum_obj, "out_accum", true);
+      outputs.softmax_lse_accum = importer.required(lse_accum_obj, "softmax_lse_accum", true);
+    } else {
+      out_accum_obj = empty_output(allocate, like);
+      lse_accum_obj = empty_output(allocate, like);
+    }
+  }
+
+  RunOptions options = run_options(stream);
+  nb::object workspace_obj;
+  if (outputs.out.device.type == DeviceType::cuda) {
+    // On the GPU the scratch comes from the caller's allocator (torch's caching allocator),
+    // so the call never allocates by itself and can be captured in a CUDA graph.
+    const size_t bytes = args.plan ? workspace_size(args, *args.plan) : workspace_size(args, make_plan(args));
+    if (bytes > 0) {
+      TensorSpec words;
+      words.dtype = DType::i32;
+      words.rank = 1;
+      words.shape[0] = static_cast<int64_t>((bytes + 3) / 4);
+      workspace_obj = allocate_output(allocate, like, words);
+      options.workspace = Workspace{importer.required(workspace_obj, "workspace", true).data, bytes};
+    }
+  }
+
+  {
+    nb::gil_scoped_release release;
+    flash_attn_with_kvcache(args, outputs, options);
+  }
+  if (!return_lse) return out_obj;
+  return nb::make_tuple(out_obj, lse_obj, out_accum_obj, lse_accum_obj);
+}
+
+// Output shapes for a call: {"out": (shape, dtype_code), ..., "num_splits": n}.
+nb::dict call_output_spec(nb::handle call) {
+  TensorImporter importer;
+  KvCacheArgs args = call_args(call, importer);
+  const OutputSpec spec = output_spec(args, args.plan);
+  nb::dict d;
+  d["out"] = nb::make_tuple(shape_tuple(spec.out), static_cast<int>(spec.out.dtype));
+  d["softmax_lse"] = nb::make_tuple(shape_tuple(spec.softmax_lse), static_cast<int>(spec.softmax_lse.dtype));
+  d["out_accum"] = nb::make_tuple(shape_tuple(spec.out_accum), static_cast<int>(spec.out_accum.dtype));
+  d["softmax_lse_accum"] = nb::make_tuple(shape_tuple(spec.softmax_lse_accum),
+                                          static_cast<int>(spec.softmax_lse_accum.dtype));
+  d["num_splits"] = spec.num_splits;
+  return d;
+}
+
+Plan call_make_plan(nb::handle call) {
+  TensorImporter importer;
+  return make_plan(call_args(call, importer));
+}
+
+Plan scheduler_metadata(int batch_size, int max_seqlen_q, int max_seqlen_k, int num_heads_q,
+                        int num_heads_kv, int headdim, nb::handle cache_seqlens, int qkv_dtype,
+                        std::optional<int> headdim_v, nb::handle cu_seqlens_q,
+                        nb::handle cu_seqlens_k_new, nb::handle cache_leftpad,
+                        std::optional<int> page_size, int max_seqlen_k_new, bool causal,
+                        int window_left, int window_right, int attention_chunk,
+                        bool has_softcap, int num_splits, std::optional<bool> pack_gqa,
+                        int sm_margin, bool has_qv, int device_type, int device_id) {
+  TensorImporter importer;
+  SchedulerArgs s;
+  s.batch_size = batch_size;
+  s.max_seqlen_q = max_seqlen_q;
+  s.max_seqlen_k = max_seqlen_k;
+  s.num_heads_q = num_heads_q;
+  s.num_heads_kv = num_heads_kv;
+  s.headdim = headdim;
+  s.cache_seqlens = importer.optional(cache_seqlens, "cache_seqlens");
+  s.qkv_dtype = static_cast<DType>(qkv_dtype);
+  s.headdim_v = headdim_v;
+  s.cu_seqlens_q = importer.optional(cu_seqlens_q, "cu_seqlens_q");
+  s.cu_seqlens_k_new = importer.optional(cu_seqlens_k_new, "cu_seqlens_k_new");
+  s.cache_leftpad = importer.optional(cache_leftpad, "cache_leftpad");
+  s.page_size = page_size;
+  s.max_seqlen_k_new = max_seqlen_k_new;
+  s.causal = causal;
+  s.window_left = window_left;
+  s.window_right = window_right;
+  s.attention_chunk = attention_chunk;
+  s.has_softcap = has_softcap;
+  s.num_splits = num_splits;
+  s.pack_gqa = pack_gqa;
+  s.sm_margin = sm_margin;
+  s.has_qv = has_qv;
+  s.device = Device{static_cast<DeviceType>(device_type), device_id};
+  return get_scheduler_metadata(s);
+}
+
+void call_combine(nb::handle out_partial, nb::handle lse_partial, nb::handle out, nb::handle lse,
+                  uintptr_t stream) {
+  TensorImporter importer;
+  const TensorView op = importer.required(out_partial, "out_partial");
+  const TensorView lp = importer.required(lse_partial, "lse_partial");
+  const TensorView o = importer.required(out, "out", true);
+  const OptTensor l = importer.optional(lse, "lse", true);
+  nb::gil_scoped_release release;
+  combine(op, lp, o, l, run_options(stream));
+}
+
+// The exception a kvflash::Error becomes; the message passes through unchanged.
+PyObject* exception_type(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::invalid_value: return PyExc_ValueError;
+    case ErrorKind::invalid_type: return PyExc_TypeError;
+    case ErrorKind::unsupported: return PyExc_NotImplementedError;
+    case ErrorKind::device_failure: return PyExc_RuntimeError;
+  }
+  return PyExc_RuntimeError;
+}
+
+void translate_error(const std::exception_ptr& p, void*) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const Error& e) {
+    PyErr_SetString(exception_type(e.kind()), e.what());
+  }
+}
+
+void bind_plan(nb::module_& m) {
+  nb::class_<PlanKey>(m, "PlanKey", "What the plan depends on: every field that changes it.")
+      .def_ro("batch", &PlanKey::batch)
+      .def_ro("max_seqlen_q", &PlanKey::max_seqlen_q)
+      .def_ro("max_seqlen_k", &PlanKey::max_seqlen_k)
+      .def_ro("num_heads", &PlanKey::num_heads)
+      .def_ro("num_heads_k", &PlanKey::num_heads_k)
+      .def_ro("headdim", &PlanKey::headdim)
+      .def_ro("headdim_v", &PlanKey::headdim_v)
+      .def_prop_ro("dtype", [](const PlanKey& k) { return static_cast<int>(k.dtype); })
+      .def_ro("page_size", &PlanKey::page_size)
+      .def_ro("max_seqlen_k_new", &PlanKey::max_seqlen_k_new)
+      .def_ro("varlen_q", &PlanKey::varlen_q)
+      .def_ro("has_leftpad", &PlanKey::has_leftpad)
+      .def_ro("causal", &PlanKey::causal)
+      .def_ro("window_left", &PlanKey::window_left)
+      .def_ro("window_right", &PlanKey::window_right)
+      .def_ro("attention_chunk", &PlanKey::attention_chunk)
+      .def_ro("has_softcap", &PlanKey::has_softcap)
+      .def_ro("has_qv", &PlanKey::has_qv)
+      .def_ro("num_splits", &PlanKey::num_splits)
+      .def_ro("pack_gqa", &PlanKey::pack_gqa)
+      .def_ro("sm_margin", &PlanKey::sm_margin)
+      .def_ro("num_sms", &PlanKey::num_sms)
+      .def_ro("arch", &PlanKey::arch)
+      .def("__eq__", [](const PlanKey& a, const PlanKey& b) { return a == b; })
+      .def("first_difference",
+           [](const PlanKey& a, const PlanKey& b) { return first_difference(a, b); },
+           "The first field in which this key and `other` differ, '' when equal.");
+
+  nb::class_<Plan>(m, "Plan", "Typed scheduler metadata: the problem it was made for and its decisions.")
+      .def_ro("key", &Plan::key)
+      .def_ro("block_m", &Plan::block_m)
+      .def_ro("block_n", &Plan::block_n)
+      .def_ro("num_splits", &Plan::num_splits)
+      .def_ro("pack_gqa", &Plan::pack_gqa)
+      .def_ro("is_causal", &Plan::is_causal)
+      .def_ro("is_local", &Plan::is_local)
+      .def_ro("num_splits_dynamic", &Plan::num_splits_dynamic)
+      .def_ro("num_m_blocks", &Plan::num_m_blocks)
+      .def_ro("batch_order", &Plan::batch_order)
+      .def_ro("num_nheads_in_l2", &Plan::num_nheads_in_l2)
+      .def_ro("has_semaphore", &Plan::has_semaphore)
+      .def_prop_ro("fa3_size", &Plan::fa3_size)
+      .def("to_fa3", &Plan::to_fa3, "FA3's int32 scheduler_metadata layout, as a list.");
+}
+
+}  // namespace
+}  // namespace kvflash::python
+
+NB_MODULE(_kvflash, m) {
+  using namespace kvflash::python;
+  m.doc() = "kvflash's C++ library; use kvflash.flash_attn_interface.";
+  nb::register_exception_translator(translate_error);
+  bind_plan(m);
+  m.def("fwd", &fwd, nb::arg("call"), nb::arg("out").none(), nb::arg("allocate"),
+        nb::arg("return_lse"), nb::arg("stream"));
+  m.def("output_spec", &call_output_spec, nb::arg("call"));
+  m.def("make_plan", &call_make_plan, nb::arg("call"));
+  m.def("get_scheduler_metadata", &scheduler_metadata, nb::arg("batch_size"),
+        nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("num_heads_q"),
+        nb::arg("num_heads_kv"), nb::arg("headdim"), nb::arg("cache_seqlens").none(),
+        nb::arg("qkv_dtype"), nb::arg("headdim_v").none(), nb::arg("cu_seqlens_q").none(),
+        nb::arg("cu_seqlens_k_new").none(), nb::arg("cache_leftpad").none(),
+        nb::arg("page_size").none(), nb::arg("max_seqlen_k_new"), nb::arg("causal"),
+        nb::arg("window_left"), nb::arg("window_right"), nb::arg("attention_chunk"),
+        nb::arg("has_softcap"), nb::arg("num_splits"), nb::arg("pack_gqa").none(),
+        nb::arg("sm_margin"), nb::arg("has_qv"), nb::arg("device_type"), nb::arg("device_id"));
+  m.def("combine", &call_combine, nb::arg("out_partial"), nb::arg("lse_partial"), nb::arg("out"),
+        nb::arg("lse").none(), nb::arg("stream"));
+  m.def("build_backends", &kvflash::build_backends);
+  m.def("cuda_available", &kvflash::cuda_available);
+  m.def("call_field_count", [] { return static_cast<int>(kCallFieldCount); });
+  // Raises kvflash::Error(kind, argument, message): lets the tests reach every error kind,
+  // including device failures that a CPU-only machine cannot provoke.
+  m.def("_raise_error", [](int kind, const std::string& argument, const std::string& message) {
+    throw kvflash::Error(static_cast<kvflash::ErrorKind>(kind), argument, message);
+  });
+}
