@@ -67,18 +67,7 @@ size_t DeviceTensor::bytes() const {
 }
 
 TensorView DeviceTensor::view() const {
-  TensorView v;
-  v.data = storage_.get();
-  v.dtype = dtype_;
-  v.device = memory_ ? memory_->device() : Device{};
-  v.rank = int(shape_.size());
-  int64_t stride = 1;
-  for (int i = v.rank - 1; i >= 0; --i) {
-    v.shape[i] = shape_[i];
-    v.strides[i] = stride;
-    stride *= shape_[i];
-  }
-  return v;
+  return contiguous_view(storage_.get(), dtype_, shape_, memory_ ? memory_->device() : Device{});
 }
 
 void DeviceTensor::upload(const HostTensor& host) {

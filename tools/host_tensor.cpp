@@ -38,19 +38,23 @@ HostTensor::HostTensor(DType dtype, std::vector<int64_t> shape)
 
 int64_t HostTensor::numel() const { return product(shape_); }
 
-TensorView HostTensor::view() {
+TensorView contiguous_view(void* data, DType dtype, const std::vector<int64_t>& shape,
+                           Device device) {
   TensorView v;
-  v.data = storage_.data();
-  v.dtype = dtype_;
-  v.rank = int(shape_.size());
+  v.data = data;
+  v.dtype = dtype;
+  v.device = device;
+  v.rank = int(shape.size());
   int64_t stride = 1;
   for (int i = v.rank - 1; i >= 0; --i) {
-    v.shape[i] = shape_[i];
+    v.shape[i] = shape[i];
     v.strides[i] = stride;
-    stride *= shape_[i];
+    stride *= shape[i];
   }
   return v;
 }
+
+TensorView HostTensor::view() { return contiguous_view(storage_.data(), dtype_, shape_); }
 
 double HostTensor::get(int64_t i) const {
   const unsigned char* p = storage_.data() + size_t(i) * dtype_size(dtype_);

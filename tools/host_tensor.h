@@ -38,6 +38,10 @@ class HostTensor {
   std::vector<unsigned char> storage_;
 };
 
+// A row-major view of `data` with this dtype and shape.
+TensorView contiguous_view(void* data, DType dtype, const std::vector<int64_t>& shape,
+                           Device device = {});
+
 // An int32 (n,) tensor holding `values`.
 HostTensor int32_tensor(const std::vector<int32_t>& values);
 
