@@ -1,0 +1,182 @@
+// The two inner loops of attention, reading K/V rows straight from the cache in their storage
+// type (converted to fp32 in registers, never through a buffer), for R <= 4 query rows at a time
+// so the rows' accumulators stay in registers and each K/V vector loaded serves R rows.
+#pragma once
+
+#include <cstdint>
+
+#include "core/numeric.h"
+#include "cpu/convert.h"
+#include "cpu/simd.h"
+#include "kvflash/tensor.h"
+
+namespace kvflash::cpu {
+
+constexpr int kMaxRowsPerTile = 4;
+
+// Element c of a row of storage type T, as float.
+template <DType T>
+inline float element_as_float(const void* row, int c) {
+  if constexpr (T == DType::f32) return static_cast<const float*>(row)[c];
+  if constexpr (T == DType::f16) return core::fp16_to_float(static_cast<const uint16_t*>(row)[c]);
+  if constexpr (T == DType::bf16) return core::bf16_to_float(static_cast<const uint16_t*>(row)[c]);
+  if constexpr (T == DType::e4m3) return core::e4m3_to_float(static_cast<const uint8_t*>(row)[c]);
+  return 0.0f;
+}
+
+// Elements [c, c + 8) of a row of storage type T, as floats.
+template <DType T>
+inline Vec8 load8_as_float(const void* row, int c) {
+#if KVFLASH_CPU_AVX2
+  if constexpr (T == DType::f32) {
+    return {_mm256_loadu_ps(static_cast<const float*>(row) + c)};
+  } else if constexpr (T == DType::f16) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + c));
+    return {_mm256_cvtph_ps(h)};
+  } else if constexpr (T == DType::bf16) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + c));
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))};
+  } else {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(row) + c));
+    return {_mm256_i32gather_ps(e4m3_values(), _mm256_cvtepu8_epi32(b), 4)};
+  }
+#else
+  Vec8 r;
+  for (int i = 0; i < kLanes; ++i) r.v[i] = element_as_float<T>(row, c + i);
+  return r;
+#endif
+}
+
+// s[r][n] (+)= q[r] . keys[n][0..dim) for n in [0, n_keys). Two keys per pass.
+template <int R, DType T, bool Accumulate>
+inline void dot_rows(const float* const* q, const void* const* keys, int n_keys, int dim, float* const* s) {
+  const int vector_dim = dim / kLanes * kLanes;
+  int n = 0;
+  for (; n + 2 <= n_keys; n += 2) {
+    const void* k0 = keys[n];
+    const void* k1 = keys[n + 1];
+    Vec8 acc0[R], acc1[R];
+    for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = zero8();
+    for (int c = 0; c < vector_dim; c += kLanes) {
+      const Vec8 a = load8_as_float<T>(k0, c), b = load8_as_float<T>(k1, c);
+      for (int r = 0; r < R; ++r) {
+        const Vec8 x = load8(q[r] + c);
+        acc0[r] = fma8(x, a, acc0[r]);
+        acc1[r] = fma8(x, b, acc1[r]);
+      }
+    }
+    float d0[R], d1[R];
+    if constexpr (R == 4) {  // 8 accumulators: one transposing reduction
+      const Vec8 all[8] = {acc0[0], acc0[1], acc0[2], acc0[3], acc1[0], acc1[1], acc1[2], acc1[3]};
+      float sums[kLanes];
+      store8(sums, hsum8x8(all));
+      for (int r = 0; r < R; ++r) d0[r] = sums[r], d1[r] = sums[R + r];
+    } else {
+      for (int r = 0; r < R; ++r) d0[r] = hsum8(acc0[r]), d1[r] = hsum8(acc1[r]);
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int c = vector_dim; c < dim; ++c) {
+        d0[r] += q[r][c] * element_as_float<T>(k0, c);
+        d1[r] += q[r][c] * element_as_float<T>(k1, c);
+      }
+      s[r][n] = Accumulate ? s[r][n] + d0[r] : d0[r];
+      s[r][n + 1] = Accumulate ? s[r][n + 1] + d1[r] : d1[r];
+    }
+  }
+  for (; n < n_keys; ++n) {
+    const void* k0 = keys[n];
+    Vec8 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = zero8();
+    for (int c = 0; c < vector_dim; c += kLanes) {
+      const Vec8 a = load8_as_float<T>(k0, c);
+      for (int r = 0; r < R; ++r) acc[r] = fma8(load8(q[r] + c), a, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) {
+      float d = hsum8(acc[r]);
+      for (int c = vector_dim; c < dim; ++c) d += q[r][c] * element_as_float<T>(k0, c);
+      s[r][n] = Accumulate ? s[r][n] + d : d;
+    }
+  }
+}
+
+// acc[r][0..dim) += sum_n p[r][n] * values[n] for n in [0, n_keys). Two vectors of each row per
+// pass: 2R accumulators in registers, each broadcast of p serving two FMAs.
+template <int R, DType T>
+inline void accumulate_rows(const float* const* p, const void* const* values, int n_keys, int dim,
+                            float* const* acc) {
+  int c = 0;
+  for (; c + 2 * kLanes <= dim; c += 2 * kLanes) {
+    Vec8 a0[R], a1[R];
+    for (int r = 0; r < R; ++r) {
+      a0[r] = load8(acc[r] + c);
+      a1[r] = load8(acc[r] + c + kLanes);
+    }
+    for (int n = 0; n < n_keys; ++n) {
+      const Vec8 v0 = load8_as_float<T>(values[n], c), v1 = load8_as_float<T>(values[n], c + kLanes);
+      for (int r = 0; r < R; ++r) {
+        const Vec8 w = splat8(p[r][n]);
+        a0[r] = fma8(w, v0, a0[r]);
+        a1[r] = fma8(w, v1, a1[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      store8(acc[r] + c, a0[r]);
+      store8(acc[r] + c + kLanes, a1[r]);
+    }
+  }
+  for (; c + kLanes <= dim; c += kLanes) {
+    Vec8 a[R];
+    for (int r = 0; r < R; ++r) a[r] = load8(acc[r] + c);
+    for (int n = 0; n < n_keys; ++n) {
+      const Vec8 v = load8_as_float<T>(values[n], c);
+      for (int r = 0; r < R; ++r) a[r] = fma8(splat8(p[r][n]), v, a[r]);
+    }
+    for (int r = 0; r < R; ++r) store8(acc[r] + c, a[r]);
+  }
+  for (; c < dim; ++c) {
+    for (int n = 0; n < n_keys; ++n) {
+      const float v = element_as_float<T>(values[n], c);
+      for (int r = 0; r < R; ++r) acc[r][c] += p[r][n] * v;
+    }
+  }
+}
+
+// The row count of a tile (1..kMaxRowsPerTile) and the storage type as template arguments.
+template <template <int, DType> class Kernel, class... Args>
+inline void dispatch_tile(int rows, DType dtype, Args&&... args) {
+  auto with_rows = [&]<DType T>() {
+    switch (rows) {
+      case 1: Kernel<1, T>::run(args...); break;
+      case 2: Kernel<2, T>::run(args...); break;
+      case 3: Kernel<3, T>::run(args...); break;
+      default: Kernel<4, T>::run(args...); break;
+    }
+  };
+  switch (dtype) {
+    case DType::f32: with_rows.template operator()<DType::f32>(); break;
+    case DType::f16: with_rows.template operator()<DType::f16>(); break;
+    case DType::bf16: with_rows.template operator()<DType::bf16>(); break;
+    default: with_rows.template operator()<DType::e4m3>(); break;
+  }
+}
+
+template <int R, DType T>
+struct DotTile {
+  static void run(const float* const* q, const void* const* keys, int n, int dim, float* const* s) {
+    dot_rows<R, T, false>(q, keys, n, dim, s);
+  }
+};
+template <int R, DType T>
+struct DotAddTile {
+  static void run(const float* const* q, const void* const* keys, int n, int dim, float* const* s) {
+    dot_rows<R, T, true>(q, keys, n, dim, s);
+  }
+};
+template <int R, DType T>
+struct AccumulateTile {
+  static void run(const float* const* p, const void* const* values, int n, int dim, float* const* acc) {
+    accumulate_rows<R, T>(p, values, n, dim, acc);
+  }
+};
+
+}  // namespace kvflash::cpu

@@ -1,0 +1,99 @@
+// Eight-lane float vectors for the CPU kernels: AVX2/FMA intrinsics when the build targets them,
+// a plain array (which the compiler may still vectorise) otherwise. Only what the kernels use.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define KVFLASH_CPU_AVX2 1
+#endif
+
+namespace kvflash::cpu {
+
+constexpr int kLanes = 8;
+
+#if KVFLASH_CPU_AVX2
+
+struct Vec8 {
+  __m256 v;
+};
+inline Vec8 load8(const float* p) { return {_mm256_loadu_ps(p)}; }
+inline void store8(float* p, Vec8 a) { _mm256_storeu_ps(p, a.v); }
+inline Vec8 splat8(float x) { return {_mm256_set1_ps(x)}; }
+inline Vec8 zero8() { return {_mm256_setzero_ps()}; }
+inline Vec8 fma8(Vec8 a, Vec8 b, Vec8 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+inline Vec8 mul8(Vec8 a, Vec8 b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline Vec8 add8(Vec8 a, Vec8 b) { return {_mm256_add_ps(a.v, b.v)}; }
+inline Vec8 sub8(Vec8 a, Vec8 b) { return {_mm256_sub_ps(a.v, b.v)}; }
+// Summed as ((a0+a1)+(a2+a3)) + ((a4+a5)+(a6+a7)), the order hsum8x8 gives every lane, so a dot
+// product has the same bits whichever of the two reduced it.
+inline float hsum8(Vec8 a) {
+  const __m256 t = _mm256_hadd_ps(a.v, a.v);
+  const __m256 u = _mm256_hadd_ps(t, t);
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
+}
+
+// The eight horizontal sums of v[0..8) as one vector (lane i = sum of v[i]): 7 shuffles+adds
+// instead of eight separate reductions.
+inline Vec8 hsum8x8(const Vec8* v) {
+  const __m256 t0 = _mm256_hadd_ps(v[0].v, v[1].v), t1 = _mm256_hadd_ps(v[2].v, v[3].v);
+  const __m256 t2 = _mm256_hadd_ps(v[4].v, v[5].v), t3 = _mm256_hadd_ps(v[6].v, v[7].v);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return {_mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31))};
+}
+
+// exp(x) for x <= 0 (scores minus their running max), within ~2 ulp; NaN stays NaN, large
+// negative x gives 0. Cody-Waite reduction x = n ln2 + r, degree-6 polynomial for e^r.
+inline Vec8 exp8(Vec8 a) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 x = _mm256_max_ps(lo, a.v);  // NaN in a.v passes through (second operand)
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  // Below the clamp the true value is < 2^-125: flush to 0 so masked-like scores add nothing.
+  return {_mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(a.v, lo, _CMP_LT_OQ))};
+}
+
+#else  // portable fallback
+
+struct Vec8 {
+  float v[kLanes];
+};
+inline Vec8 load8(const float* p) { Vec8 r; for (int i = 0; i < kLanes; ++i) r.v[i] = p[i]; return r; }
+inline void store8(float* p, Vec8 a) { for (int i = 0; i < kLanes; ++i) p[i] = a.v[i]; }
+inline Vec8 splat8(float x) { Vec8 r; for (int i = 0; i < kLanes; ++i) r.v[i] = x; return r; }
+inline Vec8 zero8() { return splat8(0.0f); }
+inline Vec8 fma8(Vec8 a, Vec8 b, Vec8 c) {
+  for (int i = 0; i < kLanes; ++i) c.v[i] = std::fma(a.v[i], b.v[i], c.v[i]);
+  return c;
+}
+inline Vec8 mul8(Vec8 a, Vec8 b) { for (int i = 0; i < kLanes; ++i) a.v[i] *= b.v[i]; return a; }
+inline Vec8 add8(Vec8 a, Vec8 b) { for (int i = 0; i < kLanes; ++i) a.v[i] += b.v[i]; return a; }
+inline Vec8 sub8(Vec8 a, Vec8 b) { for (int i = 0; i < kLanes; ++i) a.v[i] -= b.v[i]; return a; }
+inline float hsum8(Vec8 a) {
+  return ((a.v[0] + a.v[1]) + (a.v[2] + a.v[3])) + ((a.v[4] + a.v[5]) + (a.v[6] + a.v[7]));
+}
+inline Vec8 hsum8x8(const Vec8* v) {
+  Vec8 r;
+  for (int i = 0; i < kLanes; ++i) r.v[i] = hsum8(v[i]);
+  return r;
+}
+inline Vec8 exp8(Vec8 a) { for (int i = 0; i < kLanes; ++i) a.v[i] = std::exp(a.v[i]); return a; }
+
+#endif
+
+inline int round_up_lanes(int n) { return (n + kLanes - 1) / kLanes * kLanes; }
+
+}  // namespace kvflash::cpu
