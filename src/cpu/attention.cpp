@@ -81,19 +81,18 @@ struct Task {
   int b, first_head_k, split, first_position;
 };
 
-// Per-thread buffers, sized once per call. k / v: the cache rows of the current key block,
-// [head][key].
+// Per-thread buffers, sized once per call. k / v: the cache rows of the current key block and
+// k_next / v_next those of the next one (to prefetch), [head][key], null past the block's end.
 struct Scratch {
   std::vector<float> q, qv, s, acc, m, l;
-  std::vector<const void*> k, v;
+  std::vector<const void*> k, v, k_next, v_next;
   std::vector<core::KeyRange> range;
   explicit Scratch(const Context& c) {
     const size_t rows = size_t(c.rows_per_task());
     const size_t keys = size_t(kKeyBlock) * size_t(c.heads_k_per_task);
     q.assign(rows * size_t(c.dim), 0.0f);
     if (c.p.has_qv) qv.assign(rows * size_t(c.dim_v), 0.0f);
-    k.assign(keys, nullptr);
-    v.assign(keys, nullptr);
+    for (auto* rows_of : {&k, &v, &k_next, &v_next}) rows_of->assign(keys, nullptr);
     s.assign(rows * kKeyBlock, 0.0f);
     acc.assign(rows * size_t(c.dim_v), 0.0f);
     m.assign(rows, kNegInf);
@@ -147,28 +146,25 @@ void load_queries(const Context& c, const Task& t, int positions, Scratch& w) {
 }
 
 // The cache rows of keys [first, n1) of the block starting at n0, for the task's KV heads, into
-// `rows_out` ([head][key - n0]), and a prefetch of the rows of keys [n1, prefetch_end): with pages
-// in any order the hardware prefetchers lose the stream at every page, the next block does not.
-void gather_cache_rows(const Context& c, const TensorView& cache, const Task& t, int n0, int first,
-                       int n1, int prefetch_end, int dim, const void** rows_out) {
+// `rows_out` ([head][key - n0]); the other entries of the block become null.
+void gather_cache_rows(const Context& c, const TensorView& cache, const Task& t, int n0, int first, int n1,
+                       const void** rows_out) {
   const core::SeqInfo& seq = c.seqs[size_t(t.b)];
   const CacheRows rows(cache, c.p);
+  std::fill(rows_out, rows_out + size_t(c.heads_k_per_task) * kKeyBlock, nullptr);
   for (int n = first; n < n1; ++n) {
+    const char* head0 = rows.row(seq.cache_row, seq.leftpad + n, t.first_head_k);  // one page lookup per key
     for (int hl = 0; hl < c.heads_k_per_task; ++hl) {
-      rows_out[size_t(hl) * kKeyBlock + size_t(n - n0)] = rows.row(seq.cache_row, seq.leftpad + n, t.first_head_k + hl);
+      rows_out[size_t(hl) * kKeyBlock + size_t(n - n0)] = head0 + hl * rows.head_stride;
     }
   }
-#if KVFLASH_CPU_AVX2
-  const int bytes = dim * int(dtype_size(cache.dtype));
-  for (int n = n1; n < prefetch_end; ++n) {
-    for (int hl = 0; hl < c.heads_k_per_task; ++hl) {
-      const char* row = rows.row(seq.cache_row, seq.leftpad + n, t.first_head_k + hl);
-      for (int x = 0; x < bytes; x += 64) _mm_prefetch(row + x, _MM_HINT_T0);
-    }
-  }
-#else
-  (void)prefetch_end, (void)dim;
-#endif
+}
+
+// K (when scores use it) and V rows of keys [first, n1) of the block starting at n0.
+void gather_block(const Context& c, const Task& t, int n0, int first, int n1, std::vector<const void*>& k,
+                  std::vector<const void*>& v) {
+  if (c.use_k) gather_cache_rows(c, *c.p.args.k_cache, t, n0, first, n1, k.data());
+  gather_cache_rows(c, *c.p.args.v_cache, t, n0, first, n1, v.data());
 }
 
 // Online softmax over one row's scores s[0..n): updates max m and sum l, rescales acc, and
@@ -214,6 +210,14 @@ void process_rows(const Context& c, int r0, int r1, int head_k, int a, int b, in
   const void* const* values = &w.v[first_key];
   const DType k_dtype = c.use_k ? p.args.k_cache->dtype : p.dtype;
   const DType v_dtype = p.args.v_cache->dtype;
+  // The first tile prefetches the rows the next KV head (or the next block's first) will read;
+  // later tiles of this head find them there. Its V rows during the scores and its K rows during
+  // P.V: measured faster than the other way round.
+  const bool last_head = head_k + 1 == c.heads_k_per_task;
+  const size_t next_key = last_head ? size_t(a - n0) : first_key + kKeyBlock;
+  const Ahead next_k{&(last_head ? w.k_next : w.k)[next_key], p.headdim * int(dtype_size(k_dtype))};
+  const Ahead next_v{&(last_head ? w.v_next : w.v)[next_key], p.headdim_v * int(dtype_size(v_dtype))};
+  const Ahead during_scores = c.use_k ? next_v : Ahead{}, during_pv = c.use_k ? next_k : next_v;
   for (int r = r0; r < r1; r += kMaxRowsPerTile) {
     const int rows = std::min(kMaxRowsPerTile, r1 - r);
     const float* q[kMaxRowsPerTile];
@@ -226,10 +230,11 @@ void process_rows(const Context& c, int r0, int r1, int head_k, int a, int b, in
       s[x] = &w.s[size_t(r + x) * kKeyBlock];
       acc[x] = &w.acc[size_t(r + x) * size_t(c.dim_v)];
     }
-    if (c.use_k) dispatch_tile<DotTile>(rows, k_dtype, q, keys, n, p.headdim, s);
+    const bool first_tile = r == r0;
+    if (c.use_k) dispatch_tile<DotTile>(rows, k_dtype, q, keys, first_tile ? during_scores : Ahead{}, n, p.headdim, s);
     if (p.has_qv) {
-      if (c.use_k) dispatch_tile<DotAddTile>(rows, v_dtype, qv, values, n, p.headdim_v, s);
-      else dispatch_tile<DotTile>(rows, v_dtype, qv, values, n, p.headdim_v, s);
+      if (c.use_k) dispatch_tile<DotAddTile>(rows, v_dtype, qv, values, Ahead{}, n, p.headdim_v, s);
+      else dispatch_tile<DotTile>(rows, v_dtype, qv, values, Ahead{}, n, p.headdim_v, s);
     }
     for (int x = 0; x < rows; ++x) {
       if (p.softcap > 0.0f) {
@@ -237,7 +242,7 @@ void process_rows(const Context& c, int r0, int r1, int head_k, int a, int b, in
       }
       softmax_update(s[x], n, w.m[size_t(r + x)], w.l[size_t(r + x)], acc[x], c.dim_v);
     }
-    dispatch_tile<AccumulateTile>(rows, v_dtype, s, values, n, p.headdim_v, acc);
+    dispatch_tile<AccumulateTile>(rows, v_dtype, s, values, first_tile ? during_pv : Ahead{}, n, p.headdim_v, acc);
   }
 }
 
@@ -321,12 +326,12 @@ void run_task(const Context& c, const Task& t, Scratch& w) {
     load_queries(c, t, positions, w);
     // Blocks start at fixed offsets from the split's first key, so a row meets the same blocks
     // (and gets the same bits) whatever task shape the thread count led to.
-    for (int n0 = split.lo + (lo - split.lo) / kKeyBlock * kKeyBlock; n0 < hi; n0 += kKeyBlock) {
+    const int start = split.lo + (lo - split.lo) / kKeyBlock * kKeyBlock;
+    gather_block(c, t, start, std::max(start, lo), std::min(start + kKeyBlock, hi), w.k, w.v);
+    for (int n0 = start; n0 < hi; n0 += kKeyBlock) {
       const int n1 = std::min(n0 + kKeyBlock, hi);
-      const int first = std::max(n0, lo);
-      const int prefetch_end = std::min(n1 + kKeyBlock, hi);
-      if (c.use_k) gather_cache_rows(c, *p.args.k_cache, t, n0, first, n1, prefetch_end, p.headdim, w.k.data());
-      gather_cache_rows(c, *p.args.v_cache, t, n0, first, n1, prefetch_end, p.headdim_v, w.v.data());
+      const int next = n0 + kKeyBlock;
+      gather_block(c, t, next, next, std::min(next + kKeyBlock, hi), w.k_next, w.v_next);
       // Runs of consecutive rows of one KV head with the same keys in this block (the g query
       // heads of a position always form one) share the micro-kernels.
       for (int r = 0; r < rows;) {
@@ -340,6 +345,8 @@ void run_task(const Context& c, const Task& t, Scratch& w) {
         if (a < b) process_rows(c, r, end, head_k, a, b, n0, w);
         r = end;
       }
+      std::swap(w.k, w.k_next);
+      std::swap(w.v, w.v_next);
     }
   }
   write_rows(c, t, positions, w);

@@ -3,6 +3,7 @@
 // so the rows' accumulators stay in registers and each K/V vector loaded serves R rows.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/numeric.h"
@@ -47,24 +48,78 @@ inline Vec8 load8_as_float(const void* row, int c) {
 #endif
 }
 
-// s[r][n] (+)= q[r] . keys[n][0..dim) for n in [0, n_keys). Two keys per pass.
+// Elements [c, c + 16) of a row of storage type T, as floats.
+template <DType T>
+inline Vec16 load16_as_float(const void* row, int c) {
+#if KVFLASH_CPU_AVX512
+  if constexpr (T == DType::f32) {
+    return {_mm512_loadu_ps(static_cast<const float*>(row) + c)};
+  } else if constexpr (T == DType::f16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + c));
+    return {_mm512_cvtph_ps(h)};
+  } else if constexpr (T == DType::bf16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + c));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
+  }
+#endif
+  return join16(load8_as_float<T>(row, c), load8_as_float<T>(row, c + kLanes));
+}
+
+// Elements [c, c + 8) of two rows of storage type T, as floats: row0's in the low half.
+template <DType T>
+inline Vec16 load2x8_as_float(const void* row0, const void* row1, int c) {
+#if KVFLASH_CPU_AVX512
+  if constexpr (T == DType::f16 || T == DType::bf16) {
+    const __m128i h0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row0) + c));
+    const __m128i h1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row1) + c));
+    const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(h0), h1, 1);
+    if constexpr (T == DType::f16) return {_mm512_cvtph_ps(h)};
+    else return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
+  }
+#endif
+  return join16(load8_as_float<T>(row0, c), load8_as_float<T>(row1, c));
+}
+
+// Cache rows a kernel requests while it computes, one per key it processes (null: none), so
+// the misses overlap with the arithmetic a few lines at a time instead of stalling it in one
+// burst. They go to L2 (T1): they are read a while later, after this kernel's rows.
+struct Ahead {
+  const void* const* rows = nullptr;  // nullptr: nothing to prefetch
+  int bytes = 0;                      // of each row
+};
+
+inline void prefetch_row(const Ahead& ahead, int n) {
+#if KVFLASH_CPU_AVX2
+  if (ahead.rows == nullptr || ahead.rows[n] == nullptr) return;
+  const char* row = static_cast<const char*>(ahead.rows[n]);
+  for (int x = 0; x < ahead.bytes; x += 64) _mm_prefetch(row + x, _MM_HINT_T1);
+#else
+  (void)ahead, (void)n;
+#endif
+}
+
+// s[r][n] (+)= q[r] . keys[n][0..dim) for n in [0, n_keys). Two keys per pass, sharing one
+// 16-lane accumulator per row (same per-lane arithmetic as two 8-lane ones, half the FMAs);
+// prefetches `ahead` along the way.
 template <int R, DType T, bool Accumulate>
-inline void dot_rows(const float* const* q, const void* const* keys, int n_keys, int dim, float* const* s) {
+inline void dot_rows(const float* const* q, const void* const* keys, const Ahead& ahead, int n_keys, int dim,
+                     float* const* s) {
   const int vector_dim = dim / kLanes * kLanes;
   int n = 0;
   for (; n + 2 <= n_keys; n += 2) {
     const void* k0 = keys[n];
     const void* k1 = keys[n + 1];
-    Vec8 acc0[R], acc1[R];
-    for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = zero8();
+    prefetch_row(ahead, n);
+    prefetch_row(ahead, n + 1);
+    // Lanes 0-7 accumulate key n, 8-15 key n + 1.
+    Vec16 both[R];
+    for (int r = 0; r < R; ++r) both[r] = zero16();
     for (int c = 0; c < vector_dim; c += kLanes) {
-      const Vec8 a = load8_as_float<T>(k0, c), b = load8_as_float<T>(k1, c);
-      for (int r = 0; r < R; ++r) {
-        const Vec8 x = load8(q[r] + c);
-        acc0[r] = fma8(x, a, acc0[r]);
-        acc1[r] = fma8(x, b, acc1[r]);
-      }
+      const Vec16 k = load2x8_as_float<T>(k0, k1, c);
+      for (int r = 0; r < R; ++r) both[r] = fma16(dup16(q[r] + c), k, both[r]);
     }
+    Vec8 acc0[R], acc1[R];
+    for (int r = 0; r < R; ++r) acc0[r] = low8(both[r]), acc1[r] = high8(both[r]);
     float d0[R], d1[R];
     if constexpr (R == 4) {  // 8 accumulators: one transposing reduction
       const Vec8 all[8] = {acc0[0], acc0[1], acc0[2], acc0[3], acc1[0], acc1[1], acc1[2], acc1[3]};
@@ -85,6 +140,7 @@ inline void dot_rows(const float* const* q, const void* const* keys, int n_keys,
   }
   for (; n < n_keys; ++n) {
     const void* k0 = keys[n];
+    prefetch_row(ahead, n);
     Vec8 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = zero8();
     for (int c = 0; c < vector_dim; c += kLanes) {
@@ -99,29 +155,37 @@ inline void dot_rows(const float* const* q, const void* const* keys, int n_keys,
   }
 }
 
-// acc[r][0..dim) += sum_n p[r][n] * values[n] for n in [0, n_keys). Two vectors of each row per
-// pass: 2R accumulators in registers, each broadcast of p serving two FMAs.
+// acc[r][0..dim) += sum_n p[r][n] * values[n] for n in [0, n_keys). Thirty-two columns per
+// pass: 2R independent accumulators in registers (enough chains to hide the FMA latency), each
+// broadcast of p serving two FMAs. `ahead` is prefetched a share per pass.
 template <int R, DType T>
-inline void accumulate_rows(const float* const* p, const void* const* values, int n_keys, int dim,
-                            float* const* acc) {
+inline void accumulate_rows(const float* const* p, const void* const* values, const Ahead& ahead, int n_keys,
+                            int dim, float* const* acc) {
+  constexpr int kWide = 4 * kLanes;
+  // Pass i of the wide loop prefetches rows [i * per_pass, (i + 1) * per_pass).
+  const int passes = std::max(dim / kWide, 1);
+  const int per_pass = (n_keys + passes - 1) / passes;
   int c = 0;
-  for (; c + 2 * kLanes <= dim; c += 2 * kLanes) {
-    Vec8 a0[R], a1[R];
+  for (; c + kWide <= dim; c += kWide) {
+    const int first = c / kWide * per_pass;
+    for (int n = first; n < std::min(first + per_pass, n_keys); ++n) prefetch_row(ahead, n);
+    Vec16 a0[R], a1[R];
     for (int r = 0; r < R; ++r) {
-      a0[r] = load8(acc[r] + c);
-      a1[r] = load8(acc[r] + c + kLanes);
+      a0[r] = load16(acc[r] + c);
+      a1[r] = load16(acc[r] + c + 2 * kLanes);
     }
     for (int n = 0; n < n_keys; ++n) {
-      const Vec8 v0 = load8_as_float<T>(values[n], c), v1 = load8_as_float<T>(values[n], c + kLanes);
+      const Vec16 v0 = load16_as_float<T>(values[n], c);
+      const Vec16 v1 = load16_as_float<T>(values[n], c + 2 * kLanes);
       for (int r = 0; r < R; ++r) {
-        const Vec8 w = splat8(p[r][n]);
-        a0[r] = fma8(w, v0, a0[r]);
-        a1[r] = fma8(w, v1, a1[r]);
+        const Vec16 w = splat16(p[r][n]);
+        a0[r] = fma16(w, v0, a0[r]);
+        a1[r] = fma16(w, v1, a1[r]);
       }
     }
     for (int r = 0; r < R; ++r) {
-      store8(acc[r] + c, a0[r]);
-      store8(acc[r] + c + kLanes, a1[r]);
+      store16(acc[r] + c, a0[r]);
+      store16(acc[r] + c + 2 * kLanes, a1[r]);
     }
   }
   for (; c + kLanes <= dim; c += kLanes) {
@@ -162,20 +226,23 @@ inline void dispatch_tile(int rows, DType dtype, Args&&... args) {
 
 template <int R, DType T>
 struct DotTile {
-  static void run(const float* const* q, const void* const* keys, int n, int dim, float* const* s) {
-    dot_rows<R, T, false>(q, keys, n, dim, s);
+  static void run(const float* const* q, const void* const* keys, const Ahead& ahead, int n, int dim,
+                  float* const* s) {
+    dot_rows<R, T, false>(q, keys, ahead, n, dim, s);
   }
 };
 template <int R, DType T>
 struct DotAddTile {
-  static void run(const float* const* q, const void* const* keys, int n, int dim, float* const* s) {
-    dot_rows<R, T, true>(q, keys, n, dim, s);
+  static void run(const float* const* q, const void* const* keys, const Ahead& ahead, int n, int dim,
+                  float* const* s) {
+    dot_rows<R, T, true>(q, keys, ahead, n, dim, s);
   }
 };
 template <int R, DType T>
 struct AccumulateTile {
-  static void run(const float* const* p, const void* const* values, int n, int dim, float* const* acc) {
-    accumulate_rows<R, T>(p, values, n, dim, acc);
+  static void run(const float* const* p, const void* const* values, const Ahead& ahead, int n, int dim,
+                  float* const* acc) {
+    accumulate_rows<R, T>(p, values, ahead, n, dim, acc);
   }
 };
 
