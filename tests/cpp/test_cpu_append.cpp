@@ -37,13 +37,9 @@ TEST(CpuAppend, DenseWithBatchIndexWritesExactlyTheNewRows) {
           v_expected.set({row[bi], start[bi] + t, hk, c}, v.get({bi, t, hk, c}));
         }
 
-  KvCacheArgs args;
-  args.q = q;
-  args.k_cache = k_cache;
-  args.v_cache = v_cache;
+  KvCacheArgs args = cache_call(q, k_cache, v_cache, seqlens);
   args.k = k;
   args.v = v;
-  args.cache_seqlens = seqlens;
   args.cache_batch_idx = batch_idx;
   flash_attn_with_kvcache(args, Outputs{out});
   EXPECT_EQ(k_cache.bytes(), k_expected.bytes());
@@ -127,13 +123,9 @@ void check_rotary(bool interleaved) {
   }
   for (int c = 0; c < d; ++c) k.set(c, float(c + 1));
   HostTensor seqlens = int_tensor({2});
-  KvCacheArgs args;
-  args.q = q;
-  args.k_cache = k_cache;
-  args.v_cache = v_cache;
+  KvCacheArgs args = cache_call(q, k_cache, v_cache, seqlens);
   args.k = k;
   args.v = v;
-  args.cache_seqlens = seqlens;
   args.rotary_cos = cos;
   args.rotary_sin = sin;
   args.rotary_interleaved = interleaved;

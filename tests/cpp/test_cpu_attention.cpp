@@ -25,11 +25,7 @@ TEST(CpuAttention, SingleKeyGivesItsValueThroughTheGqaGroup) {
     for (int hk = 0; hk < h_k; ++hk)
       for (int c = 0; c < d; ++c) k_cache.set({0, pos, hk, c}, kNaN);
   HostTensor seqlens = int_tensor({1});
-  KvCacheArgs args;
-  args.q = q;
-  args.k_cache = k_cache;
-  args.v_cache = v_cache;
-  args.cache_seqlens = seqlens;
+  KvCacheArgs args = cache_call(q, k_cache, v_cache, seqlens);
   args.softmax_scale = 0.125f;
   flash_attn_with_kvcache(args, Outputs{out, lse.view()});
   for (int hq = 0; hq < h; ++hq) {
@@ -53,11 +49,7 @@ TEST(CpuAttention, SinkOnlyRowsAndSinkInTheDenominator) {
   sinks.set(0, 0.5f);
   sinks.set(1, -1.0f);
   HostTensor seqlens = int_tensor({1});
-  KvCacheArgs args;
-  args.q = q;
-  args.k_cache = k_cache;
-  args.v_cache = v_cache;
-  args.cache_seqlens = seqlens;
+  KvCacheArgs args = cache_call(q, k_cache, v_cache, seqlens);
   args.causal = true;
   args.sinks = sinks;
   args.softmax_scale = 0.25f;
@@ -92,11 +84,7 @@ TEST(CpuAttention, EmptySequenceGivesZeroAndMinusInfinity) {
         v_cache.set({1, pos, hk, c}, 0.1f * float((pos + c) % 5));
       }
   HostTensor seqlens = int_tensor({0, 40});
-  KvCacheArgs args;
-  args.q = q;
-  args.k_cache = k_cache;
-  args.v_cache = v_cache;
-  args.cache_seqlens = seqlens;
+  KvCacheArgs args = cache_call(q, k_cache, v_cache, seqlens);
   flash_attn_with_kvcache(args, Outputs{out, lse.view()});
   for (int hq = 0; hq < h; ++hq)
     for (int i = 0; i < 3; ++i) {
@@ -127,11 +115,7 @@ SplitRun run_with_splits(int num_splits, bool with_accum) {
     return true;
   }();
   (void)filled;
-  KvCacheArgs args;
-  args.q = q;
-  args.k_cache = k_cache;
-  args.v_cache = v_cache;
-  args.cache_seqlens = seqlens;
+  KvCacheArgs args = cache_call(q, k_cache, v_cache, seqlens);
   args.window_left = 600;
   args.window_right = 1;
   args.num_splits = num_splits;
@@ -196,11 +180,7 @@ TEST(CpuAttention, ResultsDoNotDependOnTheThreadCount) {
   k_cache.fill_random(32);
   v_cache.fill_random(33);
   HostTensor seqlens = int_tensor({150, 77});
-  KvCacheArgs args;
-  args.q = q;
-  args.k_cache = k_cache;
-  args.v_cache = v_cache;
-  args.cache_seqlens = seqlens;
+  KvCacheArgs args = cache_call(q, k_cache, v_cache, seqlens);
   args.causal = true;
   std::vector<std::vector<unsigned char>> results;
   for (int threads : {1, 2, 5}) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/numeric.h"
+#include "kvflash/args.h"
 #include "kvflash/tensor.h"
 
 namespace kvflash::cpu_test {
@@ -84,6 +85,18 @@ inline HostTensor int_tensor(std::initializer_list<int32_t> values) {
   int64_t i = 0;
   for (int32_t v : values) t.set(i++, float(v));
   return t;
+}
+
+// The arguments most tests start from: q against k_cache / v_cache with per-sequence lengths
+// (and, when given, new k / v to append). Each test then sets what it is about.
+inline KvCacheArgs cache_call(const HostTensor& q, const HostTensor& k_cache, const HostTensor& v_cache,
+                              const HostTensor& seqlens) {
+  KvCacheArgs args;
+  args.q = q;
+  args.k_cache = k_cache;
+  args.v_cache = v_cache;
+  args.cache_seqlens = seqlens;
+  return args;
 }
 
 }  // namespace kvflash::cpu_test
