@@ -25,12 +25,12 @@ build() {  # build DIR KVFLASH_CUDA LOG
 BUILD=build-gpupy
 if [ -n "${PREBUILT:-}" ]; then  # a folder holding _kvflash*.so built elsewhere for this Python
   mkdir -p "$BUILD/python" && cp "$PREBUILT"/_kvflash*.so "$BUILD/python/"
-  if ! PYTHONPATH="$ROOT/$BUILD/python:$PYTHONPATH" "$PY" -c "import _kvflash" 2>>"$OUT/build.log"; then
+  if ! PYTHONPATH="$ROOT/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c "import _kvflash" 2>>"$OUT/build.log"; then
     echo "prebuilt extension does not load here; building"; rm -f "$BUILD"/python/_kvflash*.so
   fi
 fi
 if ls "$BUILD"/python/_kvflash*.so >/dev/null 2>&1; then
-  echo "using the prebuilt extension from $PREBUILT"
+  echo "using the prebuilt extension from ${PREBUILT:-$BUILD}"
 elif ! build $BUILD ON build.log; then
   echo "CUDA build failed:"; grep -E "error|FAILED" "$OUT/build.log" | head -n 20
   BUILD=build-gpupy-cpu
@@ -38,7 +38,7 @@ elif ! build $BUILD ON build.log; then
 fi
 rm -rf "$BUILD/pkg" && mkdir -p "$BUILD/pkg/kvflash"
 cp python/kvflash/*.py "$BUILD/pkg/kvflash/" && cp "$BUILD"/python/_kvflash*.so "$BUILD/pkg/kvflash/"
-export PYTHONPATH="$ROOT/$BUILD/pkg:$PYTHONPATH"
+export PYTHONPATH="$ROOT/$BUILD/pkg${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c "import kvflash; print('backends', kvflash.build_backends(), 'cuda', kvflash.cuda_available())" | tee -a "$OUT/env.txt"
 status=0
 (cd tests/python && timeout "${PYTEST_TIMEOUT:-240}" "$PY" -m pytest -q -rs . 2>&1) | tee "$OUT/pytest.log" | tail -n 60 || status=1
