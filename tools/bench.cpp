@@ -1,6 +1,8 @@
 // `kvflash bench`: decode (batch x context) and prefill (sequence length) sweeps, timed as the
-// median of repeats after warm-up, beside the machine's ceilings measured in the same run: decode
-// rows report K/V GB/s and % of the read bandwidth, prefill rows GFLOP/s beside the fp32 GEMM.
+// median of repeats after warm-up, beside the device's ceilings measured in the same run: decode
+// rows report K/V GB/s and % of the memory bandwidth ceiling, prefill rows GFLOP/s and % of the
+// matrix-product ceiling. Each call has its Plan and workspace made beforehand (as an engine's
+// per-batch scheduler metadata); on CUDA a pass over the layers is one replayed CUDA graph.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -10,7 +12,6 @@
 #include <random>
 #include <thread>
 
-#include "ceilings.h"
 #include "commands.h"
 #include "device.h"
 #include "kvflash/kvflash.h"
@@ -84,7 +85,7 @@ struct BenchRow {
   DType dtype = DType::bf16;
   int64_t batch = 0, seqlen_q = 0, context = 0, layers = 1;
   double median_ms = 0, min_ms = 0;
-  double gbs = 0, pct_read_bw = 0, gflops = 0, pct_gemm = 0;
+  double gbs = 0, pct_bandwidth = 0, gflops = 0, pct_matmul = 0;
 };
 
 // The 1-minute load average: figures taken on a busy machine say so.
@@ -97,10 +98,7 @@ double load_average() {
   return load;
 }
 
-struct Ceilings {
-  bool measured = false;  // CPU ceilings only mean something for CPU rows
-  double read_gbs = 0;
-  double gemm_gflops = 0;
+struct Ceilings : DeviceCeilings {
   double load_before = -1;  // 1-minute load average when the run began
 };
 
@@ -130,8 +128,19 @@ class AttendOnlyCall {
     args_.causal = true;
     args_.num_splits = num_splits;
     outputs_.out = out_.view();
+    plan_ = make_plan(args_);
+    args_.plan = &plan_;
+    // Workspace in 4-byte words (the fp32 split partials need no more alignment than cudaMalloc gives).
+    const int64_t words = int64_t((workspace_size(args_, plan_) + 3) / 4);
+    workspace_ = DeviceTensor(memory, DType::i32, {std::max<int64_t>(words, 1)});
   }
-  void run(const RunOptions& options) const { flash_attn_with_kvcache(args_, outputs_, options); }
+  AttendOnlyCall(const AttendOnlyCall&) = delete;  // args_ points at plan_
+  AttendOnlyCall& operator=(const AttendOnlyCall&) = delete;
+
+  void run(RunOptions options) const {
+    options.workspace = Workspace{workspace_.data(), workspace_.bytes()};
+    flash_attn_with_kvcache(args_, outputs_, options);
+  }
 
  private:
   static void fill_repeating(DeviceMemory& memory, DeviceTensor& t, std::mt19937_64& rng) {
@@ -142,25 +151,19 @@ class AttendOnlyCall {
       memory.upload(base + offset, block.data(), std::min(block.bytes(), t.bytes() - offset));
     }
   }
-  DeviceTensor k_cache_, v_cache_, q_, page_table_, seqlens_, out_;
+  DeviceTensor k_cache_, v_cache_, q_, page_table_, seqlens_, out_, workspace_;
   KvCacheArgs args_;
   Outputs outputs_;
+  Plan plan_;
 };
 
 // Median and minimum of per-call milliseconds over `repeats` passes (after `warmup` passes) of
 // every call in `calls`, one after the other as the layers of a model would run.
 std::pair<double, double> time_calls(DeviceMemory& memory, const std::vector<std::unique_ptr<AttendOnlyCall>>& calls,
                                      const RunOptions& options, int warmup, int repeats) {
-  for (int w = 0; w < warmup; ++w) for (const auto& call : calls) call->run(options);
-  std::vector<double> per_call_ms;
-  for (int r = 0; r < repeats; ++r) {
-    memory.synchronize();
-    const auto start = Clock::now();
-    for (const auto& call : calls) call->run(options);
-    memory.synchronize();
-    per_call_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count() /
-                          double(calls.size()));
-  }
+  std::vector<double> per_call_ms = memory.time_passes(
+      [&] { for (const auto& call : calls) call->run(options); }, warmup, repeats);
+  for (double& ms : per_call_ms) ms /= double(calls.size());
   std::sort(per_call_ms.begin(), per_call_ms.end());
   return {per_call_ms[per_call_ms.size() / 2], per_call_ms.front()};
 }
@@ -205,10 +208,8 @@ BenchRow bench_shape(DeviceMemory& memory, const BenchConfig& config, DType dtyp
   row.min_ms = min_ms;
   row.gbs = work.kv_bytes / (median_ms * 1e-3) * 1e-9;
   row.gflops = work.flops / (median_ms * 1e-3) * 1e-9;
-  if (ceilings.measured) {
-    row.pct_read_bw = 100.0 * row.gbs / ceilings.read_gbs;
-    row.pct_gemm = 100.0 * row.gflops / ceilings.gemm_gflops;
-  }
+  row.pct_bandwidth = 100.0 * row.gbs / ceilings.bandwidth_gbs;
+  row.pct_matmul = 100.0 * row.gflops / ceilings.matmul_gflops;
   return row;
 }
 
@@ -221,32 +222,30 @@ std::string percent(double value, bool applies) {
 
 void print_table(const std::vector<BenchRow>& rows, const Ceilings& ceilings) {
   std::printf("%-8s %-5s %6s %7s %8s %7s %10s %10s %9s %7s %9s %7s\n", "kind", "dtype", "batch",
-              "seq_q", "context", "layers", "median_ms", "min_ms", "KV_GB/s", "%read", "GFLOP/s",
-              "%gemm");
+              "seq_q", "context", "layers", "median_ms", "min_ms", "KV_GB/s", "%bw", "GFLOP/s",
+              "%matmul");
   for (const BenchRow& r : rows) {
     const bool decode = r.kind == "decode";
     std::printf("%-8s %-5s %6lld %7lld %8lld %7lld %10.3f %10.3f %9.2f %7s %9.1f %7s\n",
                 r.kind.c_str(), short_dtype_name(r.dtype), (long long)r.batch,
                 (long long)r.seqlen_q, (long long)r.context, (long long)r.layers, r.median_ms,
-                r.min_ms, r.gbs, percent(r.pct_read_bw, ceilings.measured && decode).c_str(),
-                r.gflops, percent(r.pct_gemm, ceilings.measured && !decode).c_str());
+                r.min_ms, r.gbs, percent(r.pct_bandwidth, decode).c_str(), r.gflops,
+                percent(r.pct_matmul, !decode).c_str());
   }
-  if (ceilings.measured) {
-    std::printf("ceilings: memory read %.2f GB/s, fp32 GEMM %.1f GFLOP/s\n", ceilings.read_gbs,
-                ceilings.gemm_gflops);
-  }
+  std::printf("ceilings: %.2f GB/s (%s), %.1f GFLOP/s (%s)\n", ceilings.bandwidth_gbs,
+              ceilings.bandwidth_what.c_str(), ceilings.matmul_gflops, ceilings.matmul_what.c_str());
 }
 
 void write_csv(std::ostream& out, const std::vector<BenchRow>& rows, const BenchConfig& c,
                const Ceilings& ceilings, const std::string& device) {
   out << "kind,dtype,batch,seqlen_q,context,heads,kv_heads,head_dim,page_size,layers,median_ms,"
-         "min_ms,kv_gbs,pct_read_bw,gflops,pct_gemm,read_bw_gbs,gemm_gflops,device\n";
+         "min_ms,kv_gbs,pct_bandwidth,gflops,pct_matmul,ceiling_bandwidth_gbs,ceiling_matmul_gflops,device\n";
   for (const BenchRow& r : rows) {
     out << r.kind << ',' << short_dtype_name(r.dtype) << ',' << r.batch << ',' << r.seqlen_q << ','
         << r.context << ',' << c.shape.heads << ',' << c.shape.kv_heads << ',' << c.shape.head_dim
         << ',' << c.page_size << ',' << r.layers << ',' << r.median_ms << ',' << r.min_ms << ','
-        << r.gbs << ',' << r.pct_read_bw << ',' << r.gflops << ',' << r.pct_gemm << ','
-        << ceilings.read_gbs << ',' << ceilings.gemm_gflops << ",\"" << device << "\"\n";
+        << r.gbs << ',' << r.pct_bandwidth << ',' << r.gflops << ',' << r.pct_matmul << ','
+        << ceilings.bandwidth_gbs << ',' << ceilings.matmul_gflops << ",\"" << device << "\"\n";
   }
 }
 
@@ -254,8 +253,8 @@ void write_json(std::ostream& out, const std::vector<BenchRow>& rows, const Benc
                 const Ceilings& ceilings, const std::string& device) {
   out << "{\n  \"device\": \"" << device << "\",\n  \"heads\": " << c.shape.heads
       << ",\n  \"kv_heads\": " << c.shape.kv_heads << ",\n  \"head_dim\": " << c.shape.head_dim
-      << ",\n  \"page_size\": " << c.page_size << ",\n  \"read_bw_gbs\": " << ceilings.read_gbs
-      << ",\n  \"gemm_gflops\": " << ceilings.gemm_gflops
+      << ",\n  \"page_size\": " << c.page_size << ",\n  \"ceiling_bandwidth_gbs\": " << ceilings.bandwidth_gbs
+      << ",\n  \"ceiling_matmul_gflops\": " << ceilings.matmul_gflops
       << ",\n  \"load_average_at_start\": " << ceilings.load_before
       << ",\n  \"load_average_at_end\": " << load_average() << ",\n  \"rows\": [\n";
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -264,8 +263,8 @@ void write_json(std::ostream& out, const std::vector<BenchRow>& rows, const Benc
         << "\", \"batch\": " << r.batch << ", \"seqlen_q\": " << r.seqlen_q
         << ", \"context\": " << r.context << ", \"layers\": " << r.layers
         << ", \"median_ms\": " << r.median_ms << ", \"min_ms\": " << r.min_ms
-        << ", \"kv_gbs\": " << r.gbs << ", \"pct_read_bw\": " << r.pct_read_bw
-        << ", \"gflops\": " << r.gflops << ", \"pct_gemm\": " << r.pct_gemm << "}"
+        << ", \"kv_gbs\": " << r.gbs << ", \"pct_bandwidth\": " << r.pct_bandwidth
+        << ", \"gflops\": " << r.gflops << ", \"pct_matmul\": " << r.pct_matmul << "}"
         << (i + 1 < rows.size() ? ",\n" : "\n");
   }
   out << "  ]\n}\n";
@@ -287,15 +286,11 @@ int bench_command(Options& options) {
   ceilings.load_before = load_average();
   std::printf("load average (1 min) at start: %.2f on %u hardware threads\n", ceilings.load_before,
               std::thread::hardware_concurrency());
-  if (memory->device().type == DeviceType::cpu) {
-    ceilings.measured = true;
-    ceilings.read_gbs = measure_read_bandwidth(size_t(config.bandwidth_bytes), config.threads, 5);
-    ceilings.gemm_gflops = measure_gemm_gflops(1024, config.threads, 3);
-    std::printf("ceilings: memory read %.2f GB/s (%lld MiB buffer, best of 5), fp32 GEMM %.1f "
-                "GFLOP/s (1024^3, best of 3)\n",
-                ceilings.read_gbs, (long long)(config.bandwidth_bytes >> 20), ceilings.gemm_gflops);
-    std::fflush(stdout);
-  }
+  static_cast<DeviceCeilings&>(ceilings) =
+      memory->measure_ceilings(size_t(config.bandwidth_bytes), config.threads);
+  std::printf("ceilings: %.2f GB/s (%s), %.1f GFLOP/s (%s)\n", ceilings.bandwidth_gbs,
+              ceilings.bandwidth_what.c_str(), ceilings.matmul_gflops, ceilings.matmul_what.c_str());
+  std::fflush(stdout);
 
   std::mt19937_64 rng(1);
   std::vector<BenchRow> rows;

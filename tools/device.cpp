@@ -1,10 +1,12 @@
 #include "device.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <thread>
 
+#include "ceilings.h"
 #include "kvflash/errors.h"
 #include "kvflash/kvflash.h"
 #include "options.h"
@@ -33,12 +35,35 @@ class CpuMemory final : public DeviceMemory {
   void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void synchronize() override {}
+  DeviceCeilings measure_ceilings(size_t bandwidth_bytes, int num_threads) override {
+    DeviceCeilings c;
+    c.bandwidth_gbs = measure_read_bandwidth(bandwidth_bytes, num_threads, 5);
+    c.matmul_gflops = measure_gemm_gflops(1024, num_threads, 3);
+    c.bandwidth_what = "memory read, " + std::to_string(bandwidth_bytes >> 20) + " MiB buffer, best of 5";
+    c.matmul_what = "fp32 GEMM 1024^3, best of 3";
+    return c;
+  }
 
  private:
   int num_threads_;
 };
 
 }  // namespace
+
+std::vector<double> DeviceMemory::time_passes(const std::function<void()>& pass, int warmup,
+                                              int repeats) {
+  using Clock = std::chrono::steady_clock;
+  for (int w = 0; w < warmup; ++w) pass();
+  std::vector<double> ms;
+  for (int r = 0; r < repeats; ++r) {
+    synchronize();
+    const auto start = Clock::now();
+    pass();
+    synchronize();
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  }
+  return ms;
+}
 
 std::unique_ptr<DeviceMemory> make_cpu_memory(int num_threads) {
   return std::make_unique<CpuMemory>(num_threads);

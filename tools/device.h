@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,14 @@
 #include "kvflash/tensor.h"
 
 namespace kvflash::tools {
+
+// The ceilings a device's figures are set against, measured in the same run.
+struct DeviceCeilings {
+  double bandwidth_gbs = 0;  // streaming memory bandwidth, 1e9 bytes per second
+  double matmul_gflops = 0;  // dense matrix product
+  std::string bandwidth_what;  // how each was measured, for the table's footer
+  std::string matmul_what;
+};
 
 class DeviceMemory {
  public:
@@ -28,6 +37,13 @@ class DeviceMemory {
   virtual void synchronize() = 0;
   // What RunOptions::stream should be (nullptr: the default stream / the CPU).
   virtual void* stream() const { return nullptr; }
+  // Measures the ceilings (a few seconds); bandwidth_bytes sizes the streamed buffer.
+  virtual DeviceCeilings measure_ceilings(size_t bandwidth_bytes, int num_threads) = 0;
+  // Milliseconds of each of `repeats` passes of `pass` (which queues its work on stream()), after
+  // `warmup` untimed passes. Here: the host clock around each pass. CUDA overrides it with one
+  // pass captured as a CUDA graph and replayed between events, so host launch costs are not
+  // counted, as in a serving engine's captured decode step.
+  virtual std::vector<double> time_passes(const std::function<void()>& pass, int warmup, int repeats);
 };
 
 // "cpu", "cuda" or "auto" (cuda when kvflash::cuda_available(), else cpu).
