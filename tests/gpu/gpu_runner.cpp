@@ -1,7 +1,11 @@
 // The GPU test runner: the CUDA backend against the oracle on the same seeded random cases the CPU
 // differential test draws (tests/oracle/random_case.h), a CUDA-graph decode test, and timings.
 //
-//   kvflash_gpu_runner random <count> [first_seed]   differential cases (unsupported ones skipped)
+//   kvflash_gpu_runner random <count> [first_seed] [only]
+//                                                     differential cases (unsupported ones skipped);
+//                                                     only = split | prefill keeps just the cases
+//                                                     that split KV / use the prefill tile shape
+//                                                     (for the sanitizers' subsets)
 //   kvflash_gpu_runner graph                          capture a decode step, replay with new lengths
 //   kvflash_gpu_runner combine                        kvflash::combine on the GPU vs the CPU
 //   kvflash_gpu_runner bench [case]                   the speed floors (decode64, decode1,
@@ -67,9 +71,21 @@ bool cuda_supports(const KvCacheArgs& a) {
 
 struct Tally {
   int passed = 0, failed = 0, skipped = 0, split_cases = 0, paged = 0, appended = 0, checked = 0;
+  int caller_partials = 0;
 };
 
-int run_random(int count, uint64_t first_seed) {
+// Whether a case belongs to the subset `only` names ("" = every case).
+bool in_subset(const std::string& only, const KvCacheArgs& a, int splits) {
+  if (only.empty()) return true;
+  if (only == "split") return splits > 1;
+  if (only == "prefill") {  // more than 16 packed query rows: the prefill tile shape
+    const int64_t rows_per_seq = a.cu_seqlens_q ? a.max_seqlen_q.value_or(0) : a.q->size(1);
+    return rows_per_seq * (a.q->size(-2) / a.k_cache->size(-2)) > 16;
+  }
+  return false;
+}
+
+int run_random(int count, uint64_t first_seed, const std::string& only) {
   Tally tally;
   const auto start = std::chrono::steady_clock::now();
   for (uint64_t seed = first_seed; tally.passed + tally.failed < count && seed < first_seed + 20 * count; ++seed) {
@@ -88,7 +104,13 @@ int run_random(int count, uint64_t first_seed) {
       try {
         const OutputSpec spec = output_spec(dev);
         splits = spec.num_splits;
-        host_out = oracle::allocate_outputs(spec, /*with_partials=*/false);
+        if (!in_subset(only, c.args, splits)) {
+          ++tally.skipped;
+          continue;
+        }
+        // Odd seeds hand the call their own NaN-filled split buffers (out_accum, lse_accum).
+        host_out = oracle::allocate_outputs(spec, /*with_partials=*/seed % 2 == 1);
+        tally.caller_partials += host_out.outputs.out_accum.has_value();
         Outputs dev_out = device_outputs(host_out.outputs, mirror);
         flash_attn_with_kvcache(dev, dev_out);
         check(cudaDeviceSynchronize(), "flash_attn_with_kvcache");
@@ -118,10 +140,11 @@ int run_random(int count, uint64_t first_seed) {
     }
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("random: %d passed, %d failed, %d skipped (unsupported on CUDA); of the run: %d split-KV, "
-              "%d paged, %d appending, %d checked mode; %.1f s\n",
-              tally.passed, tally.failed, tally.skipped, tally.split_cases, tally.paged,
-              tally.appended, tally.checked, secs);
+  std::printf("random%s%s: %d passed, %d failed, %d skipped (unsupported on CUDA or outside the subset); "
+              "of the run: %d split-KV (%d with caller-provided partial buffers), %d paged, %d appending, "
+              "%d checked mode; %.1f s\n",
+              only.empty() ? "" : " ", only.c_str(), tally.passed, tally.failed, tally.skipped,
+              tally.split_cases, tally.caller_partials, tally.paged, tally.appended, tally.checked, secs);
   return tally.failed == 0 && tally.passed > 0 ? 0 : 1;
 }
 
@@ -139,11 +162,11 @@ int main(int argc, char** argv) {
   if (mode == "random") {
     const int count = argc > 2 ? std::atoi(argv[2]) : 1000;
     const uint64_t seed = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 1;
-    return run_random(count, seed);
+    return run_random(count, seed, argc > 4 ? argv[4] : "");
   }
   if (mode == "graph") return run_graph();
   if (mode == "combine") return run_combine();
   if (mode == "bench") return run_bench(argc > 2 ? argv[2] : "");
-  std::fprintf(stderr, "usage: %s random <count> [first_seed] | graph | combine | bench [case]\n", argv[0]);
+  std::fprintf(stderr, "usage: %s random <count> [first_seed] [split|prefill] | graph | combine | bench [case]\n", argv[0]);
   return 2;
 }

@@ -43,8 +43,15 @@ fi
 step random random.log "$RUNNER" random "$CASES" 1
 step graph graph.log "$RUNNER" graph
 step combine combine.log "$RUNNER" combine
-step memcheck memcheck.log timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool memcheck --error-exitcode 9 "$RUNNER" random "$MEMCHECK_CASES" 5001
-step racecheck racecheck.log timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool racecheck --error-exitcode 9 "$RUNNER" random "$RACECHECK_CASES" 7001
+# Sanitizers: any cases, then the split-KV and prefill-shaped subsets (the decode shape dominates
+# a plain random draw) and the CUDA-graph test (splits + append), all appended to one log each.
+sanitize() {  # sanitize TOOL CASES FIRST_SEED
+  local t="timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool $1 --error-exitcode 9"
+  $t "$RUNNER" random "$2" "$3" && $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 100 ))" split &&
+    $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 200 ))" prefill && $t "$RUNNER" graph
+}
+step memcheck memcheck.log sanitize memcheck "$MEMCHECK_CASES" 5001
+step racecheck racecheck.log sanitize racecheck "$RACECHECK_CASES" 7001
 step bench bench.log "$RUNNER" bench
 
 echo
@@ -52,6 +59,7 @@ echo "=== summary ($(head -1 "$OUT/resources.txt")) ==="
 printf '%-10s %s\n' step result
 for s in build random graph combine memcheck racecheck bench; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
 grep -h "^random:" "$OUT/random.log" || true
+grep -h "^random " "$OUT/memcheck.log" "$OUT/racecheck.log" || true
 grep -h "^graph:" "$OUT/graph.log" || true
 grep -h "^combine" "$OUT/combine.log" | tail -3 || true
 grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" || true
