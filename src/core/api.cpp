@@ -68,8 +68,14 @@ Plan plan_for(const Problem& p) {
     core::check_plan(*p.args.plan, p);
     return *p.args.plan;
   }
-  if (p.args.scheduler_metadata) return core::plan_from_metadata(*p.args.scheduler_metadata, p);
-  return core::make_plan(p);
+  if (!p.args.scheduler_metadata) return core::make_plan(p);
+  const TensorView& metadata = *p.args.scheduler_metadata;
+  Plan plan = core::plan_from_metadata(metadata, p);  // dtype, device, length (+ entries on the host)
+  if (metadata.device.type == DeviceType::cpu || !core::checked_mode(p.args)) return plan;
+  // Checked mode reads device-resident metadata back and verifies every entry.
+  std::vector<int32_t> values(size_t(metadata.shape[0]));
+  core::backend_for(p.device).copy_to_host(values.data(), metadata.data, values.size() * sizeof(int32_t));
+  return core::plan_from_metadata(metadata, p, values.data());
 }
 
 TensorSpec tensor_spec(DType dtype, std::vector<int64_t> shape) {

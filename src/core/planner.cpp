@@ -114,7 +114,7 @@ void check_plan(const Plan& plan, const Problem& p) {
   if (lengths_on_host(p)) check_m_blocks(plan, p);
 }
 
-Plan plan_from_metadata(const TensorView& metadata, const Problem& p) {
+Plan plan_from_metadata(const TensorView& metadata, const Problem& p, const int32_t* values) {
   const char* name = "scheduler_metadata";
   if (metadata.dtype != DType::i32) {
     throw Error(ErrorKind::invalid_type, name,
@@ -137,13 +137,8 @@ Plan plan_from_metadata(const TensorView& metadata, const Problem& p) {
   if (!metadata.is_contiguous()) {
     throw Error(ErrorKind::invalid_value, name, "scheduler_metadata must be contiguous");
   }
-  if (!lengths_on_host(p)) {
-    throw Error(ErrorKind::unsupported, name,
-                "scheduler_metadata on " + device_name(metadata.device) +
-                    " cannot be checked on the host yet; pass a typed Plan (args.plan) or omit "
-                    "scheduler_metadata");
-  }
-  Plan plan = Plan::from_fa3(metadata.ptr<const int32_t>(), expected, p.key);
+  if (!values) return make_plan(p);
+  Plan plan = Plan::from_fa3(values, expected, p.key);
   check_plan(plan, p);
   return plan;
 }

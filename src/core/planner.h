@@ -25,8 +25,17 @@ Plan make_plan(const Problem& p);
 // differs), then the vectors (lengths, ranges). Throws Error(invalid_value, "scheduler_metadata").
 void check_plan(const Plan& plan, const Problem& p);
 
-// FA3's int32 scheduler_metadata tensor, passed back: length must equal the layout this call
-// needs, values in range; returns the Plan it encodes for this problem.
-Plan plan_from_metadata(const TensorView& metadata, const Problem& p);
+// FA3's int32 scheduler_metadata tensor, passed back: dtype, device and length must match the
+// layout this call needs. `values` are its entries in host memory (the tensor's own data when it
+// lives on the host, a copy in checked mode), each checked; returns the Plan they encode. With
+// values == nullptr (device memory, unchecked) the entries are not read: the static decisions
+// come from this problem's key and the backend recomputes the per-batch vectors on the device,
+// so whatever the tensor holds cannot steer a kernel outside its tensors.
+Plan plan_from_metadata(const TensorView& metadata, const Problem& p, const int32_t* values);
+// The entries read in place when the tensor is in host memory, not read when on a device.
+inline Plan plan_from_metadata(const TensorView& metadata, const Problem& p) {
+  const bool on_host = metadata.device.type == DeviceType::cpu;
+  return plan_from_metadata(metadata, p, on_host ? metadata.ptr<const int32_t>() : nullptr);
+}
 
 }  // namespace kvflash::core

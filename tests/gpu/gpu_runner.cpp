@@ -71,7 +71,7 @@ bool cuda_supports(const KvCacheArgs& a) {
 
 struct Tally {
   int passed = 0, failed = 0, skipped = 0, split_cases = 0, paged = 0, appended = 0, checked = 0;
-  int caller_partials = 0;
+  int caller_partials = 0, device_metadata = 0;
 };
 
 // Whether a case belongs to the subset `only` names ("" = every case).
@@ -108,6 +108,15 @@ int run_random(int count, uint64_t first_seed, const std::string& only) {
           ++tally.skipped;
           continue;
         }
+        // Every fifth case passes its plan back as FA3's int32 metadata in device memory (read
+        // back and verified in checked mode, recomputed on the device otherwise).
+        std::vector<int32_t> metadata;
+        if (seed % 5 == 3) {
+          metadata = make_plan(dev).to_fa3();
+          dev.scheduler_metadata = mirror.upload(TensorView::contiguous(
+              metadata.data(), DType::i32, {static_cast<int64_t>(metadata.size())}));
+          ++tally.device_metadata;
+        }
         // Odd seeds hand the call their own NaN-filled split buffers (out_accum, lse_accum).
         host_out = oracle::allocate_outputs(spec, /*with_partials=*/seed % 2 == 1);
         tally.caller_partials += host_out.outputs.out_accum.has_value();
@@ -142,9 +151,10 @@ int run_random(int count, uint64_t first_seed, const std::string& only) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("random%s%s: %d passed, %d failed, %d skipped (unsupported on CUDA or outside the subset); "
               "of the run: %d split-KV (%d with caller-provided partial buffers), %d paged, %d appending, "
-              "%d checked mode; %.1f s\n",
+              "%d checked mode, %d given FA3 metadata in device memory; %.1f s\n",
               only.empty() ? "" : " ", only.c_str(), tally.passed, tally.failed, tally.skipped,
-              tally.split_cases, tally.caller_partials, tally.paged, tally.appended, tally.checked, secs);
+              tally.split_cases, tally.caller_partials, tally.paged, tally.appended, tally.checked,
+              tally.device_metadata, secs);
   return tally.failed == 0 && tally.passed > 0 ? 0 : 1;
 }
 
