@@ -59,6 +59,8 @@ Outputs device_outputs(const Outputs& host, DeviceMirror& mirror) {
 void download_outputs(const Outputs& host, const Outputs& dev) {
   DeviceMirror::download(host.out, dev.out);
   if (host.softmax_lse) DeviceMirror::download(*host.softmax_lse, *dev.softmax_lse);
+  if (host.out_accum) DeviceMirror::download(*host.out_accum, *dev.out_accum);
+  if (host.softmax_lse_accum) DeviceMirror::download(*host.softmax_lse_accum, *dev.softmax_lse_accum);
 }
 
 // What this build of the CUDA backend takes (the rest answers Error(unsupported)).
