@@ -6,6 +6,7 @@
 #include <numeric>
 #include <string>
 
+#include "core/split_rule.h"
 #include "kvflash/errors.h"
 
 namespace kvflash::core {
@@ -130,6 +131,27 @@ bool use_pagedkv_tma(const PlanKey& key, const MaskShape& mask) {
 
 int usable_sms(const PlanKey& key) { return std::max(1, key.num_sms - key.sm_margin); }
 
+bool portable_cuda(const PlanKey& key) { return key.arch > 0 && key.arch < 90; }
+
+namespace {
+
+// The static bound of kvflash's portable rule (core/split_rule.h): one sequence of n_blocks key
+// blocks and m_blocks query tiles alone in the batch splits the most, at most
+// min(ceil(n / min blocks per split), ceil(slots / tiles)) in one wave and
+// min(ceil(n / min multi-wave blocks), ceil(max waves x slots / tiles)) over several.
+int portable_num_splits(const PlanKey& key, int64_t n_blocks, int64_t m_blocks) {
+  if (key.batch > kMaxDynamicSplitBatch || n_blocks <= 4) return 1;
+  const int64_t tiles = std::max<int64_t>(1, int64_t{key.num_heads_k} * m_blocks);
+  const int64_t slots = portable_slots(usable_sms(key));
+  const int64_t one_wave = std::min(ceil_div(n_blocks, kPortableMinBlocksPerSplit),
+                                    ceil_div(slots, tiles));
+  const int64_t waves = std::min(ceil_div(n_blocks, kPortableMinMultiWaveBlocks),
+                                 ceil_div(kPortableMaxWaves * slots, tiles));
+  return static_cast<int>(std::clamp<int64_t>(std::max(one_wave, waves), 1, kMaxHeuristicSplits));
+}
+
+}  // namespace
+
 int get_num_splits(const PlanKey& key, const MaskShape& mask, TileSize tile) {
   const int64_t s_k = key.max_seqlen_k;
   // A local mask reads at most its window (plus one M tile of diagonal shift) of the keys.
@@ -139,6 +161,7 @@ int get_num_splits(const PlanKey& key, const MaskShape& mask, TileSize tile) {
                     : s_k;
   const int64_t n_blocks = ceil_div(keys_loaded, tile.block_n);
   const int64_t m_blocks = ceil_div(int64_t{key.max_seqlen_q} * group_size(key), tile.block_m);
+  if (portable_cuda(key)) return portable_num_splits(key, n_blocks, m_blocks);
   const int64_t size_one_kv_head = s_k * (key.headdim + key.headdim_v) * kv_elem_bytes(key);
   // With per-sequence (dynamic) splits this is only an upper bound, computed as if the batch
   // were one long sequence among short ones.
@@ -189,10 +212,33 @@ int scheduled_heads(const Plan& plan) {
 
 namespace {
 
+// kvflash's portable rule (core/split_rule.h), as prepare.cu computes it on the device.
+std::vector<int32_t> portable_splits_per_sequence(const Plan& plan, const std::vector<int>& m_blocks,
+                                                  const std::vector<int>& n_blocks) {
+  const int64_t heads = scheduled_heads(plan);
+  int64_t total = 0;
+  for (size_t b = 0; b < n_blocks.size(); ++b) total += heads * m_blocks[b] * n_blocks[b];
+  const int64_t best_blocks =
+      portable_choose_blocks(total, portable_slots(usable_sms(plan.key)), [&](int64_t blocks) {
+        int64_t ctas = 0;
+        for (size_t b = 0; b < n_blocks.size(); ++b) {
+          ctas += heads * m_blocks[b] * portable_splits(m_blocks[b], n_blocks[b], blocks, plan.num_splits);
+        }
+        return ctas;
+      });
+  std::vector<int32_t> splits(n_blocks.size());
+  for (size_t b = 0; b < n_blocks.size(); ++b) {
+    splits[b] = portable_splits(m_blocks[b], n_blocks[b], best_blocks, plan.num_splits);
+  }
+  return splits;
+}
+
 // Splits per sequence, each in [1, plan.num_splits].
 //  - CPU plans with a requested num_splits > 1 honour it exactly, capped by the sequence's key
 //    blocks: min(num_splits, n_blocks), at least 1. The CPU backend thus really runs split-KV
 //    and the combine whenever a caller asks for splits (tests rely on it).
+//  - Portable CUDA plans (0 < arch < 90), batch <= 992 and num_splits > 1: kvflash's rule
+//    (core/split_rule.h).
 //  - Otherwise FA3's dynamic rule: one split each when batch > 992 or num_splits == 1; else
 //    spread the batch's total m x n blocks (10% margin, times the scheduled heads) over the
 //    usable SMs (CPU: hardware threads) and give each sequence ceil(n_blocks / blocks_per_sm).
@@ -208,6 +254,7 @@ std::vector<int32_t> splits_per_sequence(const Plan& plan, const std::vector<int
     return splits;
   }
   if (plan.key.batch > kMaxDynamicSplitBatch || upper == 1) return splits;
+  if (portable_cuda(plan.key)) return portable_splits_per_sequence(plan, m_blocks, n_blocks);
   int64_t total_blocks = 0;
   for (size_t b = 0; b < batch; ++b) total_blocks += int64_t{m_blocks[b]} * n_blocks[b];
   const float per_sm = std::ceil(static_cast<float>(total_blocks) * 1.1f *

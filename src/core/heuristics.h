@@ -53,7 +53,7 @@ bool should_pack_gqa(bool varlen_q, int seqlen_q, int qheads_per_kvhead, int blo
 TileInputs tile_inputs(const PlanKey& key, const MaskShape& mask, bool paged_non_tma);
 // Spec 6.2 (only meaningful for arch >= 90).
 bool use_pagedkv_tma(const PlanKey& key, const MaskShape& mask);
-// Spec 6.3, for key.num_splits <= 0.
+// Spec 6.3, for key.num_splits <= 0 (kvflash's bound for portable CUDA plans, see above).
 int get_num_splits(const PlanKey& key, const MaskShape& mask, TileSize tile);
 // Spec 6.3; returns the pack_gqa the kernels run with (forced true for arch < 90, non-TMA paged
 // KV or num_splits > 1, whatever was requested).
@@ -61,6 +61,10 @@ bool get_pack_gqa(const PlanKey& key, TileSize tile, bool pagedkv_tma, int num_s
 
 // SMs (CPU: hardware threads) the plan may use: num_sms - sm_margin, at least 1.
 int usable_sms(const PlanKey& key);
+// Plans for the portable CUDA kernels (0 < arch < 90) split by kvflash's rule
+// (core/split_rule.h) instead of FA3's: num_splits is that rule's bound for the key's sizes and
+// the per-batch splits are that rule's.
+bool portable_cuda(const PlanKey& key);
 
 // A Plan with the static decisions made from `key` and empty per-batch vectors.
 Plan static_plan(const PlanKey& key);

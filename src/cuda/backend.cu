@@ -11,6 +11,7 @@
 #include "core/backend.h"
 #include "core/heuristics.h"
 #include "core/planner.h"
+#include "core/split_rule.h"
 #include "cuda/kernels.h"
 
 namespace kvflash {
@@ -66,9 +67,11 @@ void check_supported(const core::Problem& p, const Outputs& outputs) {
 
 int64_t q_rows(const core::Problem& p) { return p.varlen_q ? p.total_q : int64_t(p.batch) * p.seqlen_q; }
 
-// Workspace layout: [out partials | LSE partials | per-batch splits | rotated q], 256-aligned.
+// Workspace layout: [out partials | LSE partials | per-batch splits | split columns | rotated q],
+// 256-aligned.
 struct WorkspaceLayout {
-  size_t out_partial = 0, lse_partial = 0, splits = 0, q_rot = 0, total = 0;
+  size_t out_partial = 0, lse_partial = 0, splits = 0, work = 0, q_rot = 0, total = 0;
+  int work_columns = 0;  // split columns the prepare kernel lists (core::portable_split_columns)
 };
 
 WorkspaceLayout workspace_layout(const core::Problem& p, const Plan& plan) {
@@ -82,6 +85,11 @@ WorkspaceLayout workspace_layout(const core::Problem& p, const Plan& plan) {
     at += align_up(size_t(plan.num_splits) * rows * 4);
     w.splits = at;
     at += align_up(size_t(p.batch) * 4);
+    w.work_columns = int(core::portable_split_columns(p.batch, plan.num_splits,
+                                                      core::scheduled_heads(plan),
+                                                      core::usable_sms(plan.key)));
+    w.work = at;
+    at += align_up(size_t(w.work_columns) * sizeof(SplitWork));
   }
   if (p.rotary_dim > 0 && p.has_q) {
     w.q_rot = at;
@@ -227,7 +235,12 @@ void run_typed(const core::Problem& p, const Plan& plan, const Outputs& outputs,
   if (plan.num_splits > 1) {
     const int64_t h = p.num_heads, dv = p.headdim_v, rows_per_batch = p.varlen_q ? p.total_q : p.seqlen_q;
     // Partials in FA3's shapes: (splits, b, h, s, dv) | (splits, h, total, dv), caller's or ours.
-    if (outputs.out_accum && outputs.softmax_lse_accum) {
+    // The caller's hold every split of every element, as FA3's do (unused splits: LSE -inf);
+    // ours only the splits the lengths need: the grid launches those alone, an element with one
+    // split writes out itself, and the combine skips it.
+    const bool caller_partials = outputs.out_accum && outputs.softmax_lse_accum;
+    at.single_split_writes_out = !caller_partials;
+    if (caller_partials) {
       const TensorView& o = *outputs.out_accum;
       const TensorView& l = *outputs.softmax_lse_accum;
       at.out_partial = o.ptr<float>(), at.lse_partial = l.ptr<float>();
@@ -249,20 +262,30 @@ void run_typed(const core::Problem& p, const Plan& plan, const Outputs& outputs,
       at.lp_batch_stride = p.varlen_q ? 0 : h * rows_per_batch;
       at.lp_split_stride = int64_t(p.varlen_q ? 1 : p.batch) * h * rows_per_batch;
     }
+    at.rule.block_m = plan.block_m > 0 ? plan.block_m : 64;
+    at.rule.block_n = at.split_block_n;
+    at.rule.group = plan.pack_gqa ? p.group : 1;
+    at.rule.heads = core::scheduled_heads(plan);
+    at.rule.num_sms = core::usable_sms(plan.key);
     if (a.scheduler_metadata) {  // FA3's layout starts with the per-batch splits
       at.splits_per_batch = a.scheduler_metadata->ptr<const int32_t>();
+    } else if (p.batch == 1) {
+      at.splits_alone = true;  // no prepare kernel: the kernels compute the one sequence's splits
     } else {
       PrepareParams pp;
       pp.len = len;
       pp.num_splits = plan.num_splits;
-      pp.block_m = plan.block_m > 0 ? plan.block_m : 64;
-      pp.block_n = at.split_block_n;
-      pp.group = plan.pack_gqa ? p.group : 1;
-      pp.heads = core::scheduled_heads(plan);
-      pp.num_sms = core::usable_sms(plan.key);
+      pp.rule = at.rule;
       pp.splits_out = reinterpret_cast<int32_t*>(ws + layout.splits);
+      // Split columns only where they launch fewer CTAs than batch x num_splits; elsewhere the
+      // CTAs skip reading their column first.
+      if (!caller_partials && layout.work_columns < int64_t(p.batch) * plan.num_splits) {
+        pp.work_out = reinterpret_cast<SplitWork*>(ws + layout.work);
+        pp.num_work = layout.work_columns;
+      }
       launch_prepare(pp, stream);
       at.splits_per_batch = pp.splits_out;
+      at.split_work = pp.work_out, at.num_split_work = pp.num_work;
     }
     // The combine reads partials as rows (batch, token, head) -> out / LSE.
     cp.out_partial = at.out_partial, cp.lse_partial = at.lse_partial;
@@ -273,11 +296,17 @@ void run_typed(const core::Problem& p, const Plan& plan, const Outputs& outputs,
     cp.o_a = at.out.batch_stride, cp.o_b = at.out.token_stride, cp.o_c = at.out.head_stride;
     cp.lse = at.lse;
     cp.l_a = at.lse_batch_stride, cp.l_b = at.lse_token_stride, cp.l_c = at.lse_head_stride;
-    cp.dim_a = p.varlen_q ? 1 : p.batch;
-    cp.dim_b = int(rows_per_batch);
+    // Ours are combined per (element, query index, head), skipping one-split elements.
+    const bool by_sequence = at.single_split_writes_out;
+    cp.dim_a = p.varlen_q && !by_sequence ? 1 : p.batch;
+    cp.dim_b = by_sequence ? p.seqlen_q : int(rows_per_batch);
     cp.dim_c = p.num_heads;
     cp.num_splits = plan.num_splits;
     cp.headdim_v = p.headdim_v;
+    if (by_sequence) {
+      cp.splits_per_batch = at.splits_per_batch, cp.splits_alone = at.splits_alone;
+      cp.rule = at.rule, cp.len = len;
+    }
   }
 
   launch_attention_for<Elem>(at, p.headdim, p.headdim_v, stream);
@@ -339,6 +368,7 @@ class CudaBackend final : public core::Backend {
     cp.dim_c = int(out_partial.size(2 + o));
     cp.num_splits = int(out_partial.size(0));
     cp.headdim_v = int(out_partial.size(-1));
+    if (cp.headdim_v > 256) unsupported("out_partial", "combine of head dims above 256 is");
     const ElemType type = out.dtype == DType::f16 ? ElemType::f16 : out.dtype == DType::bf16 ? ElemType::bf16 : ElemType::f32;
     check_cuda(cudaSetDevice(out.device.id), "cudaSetDevice");
     launch_combine(cp, type, static_cast<cudaStream_t>(options.stream));

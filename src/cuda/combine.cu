@@ -1,16 +1,26 @@
-// Merging split-KV partials through their LSE (FA3's combine): one warp per output row. A split
-// whose LSE is -inf (empty) adds nothing, and its partial row is never read, so garbage or NaN in
-// it cannot leak; a row with every split empty gets out 0 and LSE -inf.
+// Merging split-KV partials through their LSE (FA3's combine): one CTA per output row, its
+// threads spread over the splits (the LSEs, then the partial rows, warp w taking splits w,
+// w + kWarps, ...) so a row of many splits costs a few memory round trips, not one per split.
+// A split whose LSE is -inf (empty) adds nothing and its partial row is never read, so garbage or
+// NaN in it cannot leak; a row with every split empty gets out 0 and LSE -inf.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cmath>
 
 #include "cuda/kernels.h"
+#include "cuda/lengths.cuh"
 #include "cuda/mma.cuh"
+#include "cuda/split_rule.cuh"
 
 namespace kvflash::cuda {
 namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kMaxSplits = 256;      // core::kMaxSplits
+constexpr int kMaxHeadDimV = 256;
+constexpr int kLaneChannels = kMaxHeadDimV / 32;
 
 template <class Out>
 __device__ __forceinline__ void store(void* base, int64_t at, float v) {
@@ -18,41 +28,109 @@ __device__ __forceinline__ void store(void* base, int64_t at, float v) {
   else static_cast<Out*>(base)[at] = from_float<Out>(v);
 }
 
+// The CTA-wide max (is_max) or sum of v; every thread gets it.
+__device__ float block_reduce(float v, bool is_max, float* scratch) {
+  for (int o = 16; o > 0; o /= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? fmaxf(v, other) : v + other;
+  }
+  __syncthreads();  // the previous reduction's readers are done with scratch
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  float r = scratch[0];
+  for (int w = 1; w < kWarps; ++w) r = is_max ? fmaxf(r, scratch[w]) : r + scratch[w];
+  return r;
+}
+
 template <class Out>
-__global__ void combine_kernel(const CombineParams p) {
-  const int warps_per_block = blockDim.x / 32;
-  const int64_t row = int64_t(blockIdx.x) * warps_per_block + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int64_t rows = int64_t(p.dim_a) * p.dim_b * p.dim_c;
-  if (row >= rows) return;
+__global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
+  __shared__ float scale[kMaxSplits];
+  __shared__ float warp_out[kWarps][kMaxHeadDimV];
+  __shared__ float scratch[kWarps];
+  const int64_t row = blockIdx.x;
   const int c = int(row % p.dim_c);
   const int bb = int((row / p.dim_c) % p.dim_b);
   const int a = int(row / (int64_t(p.dim_c) * p.dim_b));
-  const float* lse_row = p.lse_partial + a * p.lp_a + bb * p.lp_b + c * p.lp_c;
-  const float* out_row = p.out_partial + a * p.op_a + bb * p.op_b + c * p.op_c;
+  int splits = p.num_splits;
+  int64_t token = bb;
+  if (p.splits_per_batch || p.splits_alone) {
+    const SeqLens seq = seq_lens(p.len, a);
+    splits = p.splits_alone ? splits_alone(p.rule, seq.seqlen_q, seq.seqlen_k, p.num_splits)
+                            : p.splits_per_batch[a];
+    splits = clamp_int(splits, 1, p.num_splits);
+    if (splits == 1) return;  // the attention kernel wrote this row itself
+    if (p.len.cu_seqlens_q.data) {
+      if (bb >= seq.seqlen_q) return;
+      token = seq.q_offset + bb;
+    }
+  }
+  const float* lse_row = p.lse_partial + a * p.lp_a + token * p.lp_b + c * p.lp_c;
+  const float* out_row = p.out_partial + a * p.op_a + token * p.op_b + c * p.op_c;
 
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  constexpr int kPerThread = kMaxSplits / kThreads;
+  float lse_s[kPerThread];
   float max_lse = -INFINITY;
-  for (int s = 0; s < p.num_splits; ++s) max_lse = fmaxf(max_lse, lse_row[s * p.lp_split]);
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int s = tid + i * kThreads;
+    lse_s[i] = s < splits ? lse_row[s * p.lp_split] : -INFINITY;
+    max_lse = fmaxf(max_lse, lse_s[i]);
+  }
+  max_lse = block_reduce(max_lse, true, scratch);
   const bool empty = max_lse == -INFINITY || isnan(max_lse);
   float sum = 0.0f;
-  if (!empty) {
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float l = lse_row[s * p.lp_split];
-      if (l != -INFINITY) sum += expf(l - max_lse);
-    }
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    if (!empty && lse_s[i] != -INFINITY) sum += expf(lse_s[i] - max_lse);
   }
+  sum = block_reduce(sum, false, scratch);
   const float lse = empty ? -INFINITY : max_lse + logf(sum);
-  for (int d = lane; d < p.headdim_v; d += 32) {
-    float acc = 0.0f;
-    if (!empty) {
-      for (int s = 0; s < p.num_splits; ++s) {
-        const float l = lse_row[s * p.lp_split];
-        if (l != -INFINITY) acc += expf(l - lse) * out_row[s * p.op_split + d];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int s = tid + i * kThreads;
+    if (s < splits) scale[s] = empty || lse_s[i] == -INFINITY ? 0.0f : expf(lse_s[i] - lse);
+  }
+  __syncthreads();
+
+  // kBatch splits per warp at a time: all their loads are issued before the first is used.
+  constexpr int kBatch = 4;
+  float acc[kLaneChannels];
+#pragma unroll
+  for (int k = 0; k < kLaneChannels; ++k) acc[k] = 0.0f;
+  for (int s0 = warp; s0 < splits; s0 += kBatch * kWarps) {
+    float sc[kBatch];
+    float x[kBatch][kLaneChannels];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int s = s0 + u * kWarps;
+      sc[u] = s < splits ? scale[s] : 0.0f;
+      const float* src = out_row + (s < splits ? s : 0) * p.op_split;
+#pragma unroll
+      for (int k = 0; k < kLaneChannels; ++k) {
+        const int d = lane + 32 * k;
+        x[u][k] = sc[u] != 0.0f && d < p.headdim_v ? src[d] : 0.0f;
       }
     }
-    store<Out>(p.out, a * p.o_a + bb * p.o_b + c * p.o_c + d, acc);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+#pragma unroll
+      for (int k = 0; k < kLaneChannels; ++k) acc[k] = fmaf(sc[u], x[u][k], acc[k]);
+    }
   }
-  if (lane == 0 && p.lse) p.lse[a * p.l_a + bb * p.l_b + c * p.l_c] = lse;
+#pragma unroll
+  for (int k = 0; k < kLaneChannels; ++k) {
+    const int d = lane + 32 * k;
+    if (d < p.headdim_v) warp_out[warp][d] = acc[k];
+  }
+  __syncthreads();
+  for (int d = tid; d < p.headdim_v; d += kThreads) {
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += warp_out[w][d];
+    store<Out>(p.out, a * p.o_a + token * p.o_b + c * p.o_c + d, v);
+  }
+  if (tid == 0 && p.lse) p.lse[a * p.l_a + token * p.l_b + c * p.l_c] = lse;
 }
 
 }  // namespace
@@ -60,12 +138,11 @@ __global__ void combine_kernel(const CombineParams p) {
 void launch_combine(const CombineParams& p, ElemType out_type, cudaStream_t stream) {
   const int64_t rows = int64_t(p.dim_a) * p.dim_b * p.dim_c;
   if (rows == 0) return;
-  constexpr int kWarps = 8;
-  const unsigned blocks = unsigned((rows + kWarps - 1) / kWarps);
+  const unsigned blocks = unsigned(rows);
   switch (out_type) {
-    case ElemType::bf16: combine_kernel<__nv_bfloat16><<<blocks, 32 * kWarps, 0, stream>>>(p); break;
-    case ElemType::f16: combine_kernel<__half><<<blocks, 32 * kWarps, 0, stream>>>(p); break;
-    case ElemType::f32: combine_kernel<float><<<blocks, 32 * kWarps, 0, stream>>>(p); break;
+    case ElemType::bf16: combine_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(p); break;
+    case ElemType::f16: combine_kernel<__half><<<blocks, kThreads, 0, stream>>>(p); break;
+    case ElemType::f32: combine_kernel<float><<<blocks, kThreads, 0, stream>>>(p); break;
   }
 }
 

@@ -22,15 +22,15 @@ void launch_attention(const AttentionParams& p, cudaStream_t stream);
 // combine.cu: split partials into out (of out_type) and LSE.
 void launch_combine(const CombineParams& p, ElemType out_type, cudaStream_t stream);
 
-// prepare.cu: per-batch split counts on the device (spec 6.3 dynamic splits).
+// prepare.cu: per-batch split counts on the device (kvflash's portable rule, core/split_rule.h)
+// and the split columns of the attention grid.
 struct PrepareParams {
   LengthParams len;
   int num_splits = 1;     // static upper bound
-  int block_m = 64, block_n = 64;
-  int group = 1;          // packed query heads per KV head
-  int heads = 1;          // heads the scheduler iterates (h_k with PackGQA)
-  int num_sms = 1;
+  SplitRule rule;
   int32_t* splits_out = nullptr;  // (batch,)
+  SplitWork* work_out = nullptr;  // (num_work,): every split of every element, then unused;
+  int num_work = 0;               // core::portable_split_columns (nullptr / 0: none wanted)
 };
 void launch_prepare(const PrepareParams& p, cudaStream_t stream);
 

@@ -53,6 +53,22 @@ struct RowLayout {
   int64_t batch_stride = 0, token_stride = 0, head_stride = 0;
 };
 
+// What kvflash's portable split rule (core/split_rule.h) needs besides the lengths.
+struct SplitRule {
+  int block_m = 64, block_n = 64;  // the plan's tiles
+  int group = 1;                   // packed query heads per KV head (1 when not packed)
+  int heads = 1;                   // heads the scheduler iterates (h_k with PackGQA)
+  int num_sms = 1;                 // usable SMs
+};
+
+// One (sequence, split) column of the split-KV grid, written by the prepare kernel: grid z
+// index -> batch element, split and that element's split count (batch -1: an unused column).
+struct alignas(8) SplitWork {
+  int32_t batch = -1;
+  int16_t split = 0;
+  int16_t num_splits = 1;
+};
+
 struct AttentionParams {
   LengthParams len;
   CacheParams cache;
@@ -74,8 +90,19 @@ struct AttentionParams {
   const float* sinks_f32 = nullptr;       // one of the two, or neither
   const uint16_t* sinks_bf16 = nullptr;
   int64_t sinks_stride = 1;
-  int num_splits = 1;                     // plan's upper bound (grid size)
+  int num_splits = 1;                     // plan's upper bound
   const int32_t* splits_per_batch = nullptr;  // device, per batch element (nullptr: num_splits)
+  // Split columns (grid z) from the prepare kernel: only the splits the lengths need are
+  // launched. nullptr: batch * num_splits columns, z = b * num_splits + split.
+  const SplitWork* split_work = nullptr;
+  int num_split_work = 0;
+  // A batch of one without a prepare kernel: every CTA computes its sequence's splits by `rule`.
+  bool splits_alone = false;
+  SplitRule rule;
+  // The combine reads only each element's used splits: an element with one split writes out
+  // and LSE itself (the combine skips its rows), splits past an element's count write nothing.
+  // Otherwise, with num_splits > 1, every split of every element writes its partial.
+  bool single_split_writes_out = false;
   int split_block_n = 64;                 // plan.block_n: split boundaries (core::split_keys)
 };
 
@@ -120,6 +147,13 @@ struct CombineParams {
   int dim_a = 1, dim_b = 1, dim_c = 1;  // row space
   int num_splits = 1;
   int headdim_v = 0;
+  // After attention: a is the batch element, whose split count this holds (rows of an element
+  // with one split were written by the attention kernel and are skipped), b the query index in
+  // it (varlen: rows past its seqlen_q are skipped, the token is its q_offset + b).
+  const int32_t* splits_per_batch = nullptr;
+  LengthParams len;
+  bool splits_alone = false;  // as AttentionParams::splits_alone: counts from `rule` instead
+  SplitRule rule;
 };
 
 enum class ElemType { f16, bf16, f32 };

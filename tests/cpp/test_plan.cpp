@@ -11,6 +11,7 @@
 #include "core/mask.h"
 #include "core/planner.h"
 #include "core/problem.h"
+#include "core/split_rule.h"
 #include "core/tile_size.h"
 #include "kvflash/errors.h"
 #include "kvflash/kvflash.h"
@@ -101,6 +102,90 @@ TEST(PlanHeuristics, LongContextDecodeSplitsOnHopper) {
   const Plan huge = static_plan(decode_key(1000, 8192));
   EXPECT_EQ(huge.num_splits, 1);
   EXPECT_TRUE(huge.has_semaphore);  // sm90's scheduler always has one
+}
+
+TEST(PlanHeuristics, PortableCudaSplitsCountCtaSlots) {
+  // arch 80 (the portable CUDA kernels), 132 SMs: 396 CTA slots. d = 128: 64-key blocks, 8192
+  // keys = 128 blocks, 8 KV heads x 1 query tile. Static bound: one wave min(ceil(128 / 2),
+  // ceil(396 / 8)) = 50, several waves min(ceil(128 / 16), ceil(4 x 396 / 8)) = 8.
+  const Plan one = plan_for(decode_key(1, 8192, 80), same_lengths(1, 1, 8192));
+  EXPECT_EQ(one.block_n, 64);
+  EXPECT_EQ(one.num_splits, 50);
+  // 1024 block-tiles over 396 slots: 3 blocks per split -> 43 splits (344 CTAs, one wave).
+  EXPECT_EQ(one.num_splits_dynamic, std::vector<int32_t>{43});
+  // Batch 64, 65536 block-tiles: 1 wave -> 166 blocks per split, 1 split (512 CTAs fill their
+  // last wave of 396 to 0.65); 2 waves -> 83, 2 splits (0.86); 3 waves -> 56, 3 splits (1536
+  // CTAs, 0.97); 4 waves -> 42, 4 splits (0.86). Three splits each.
+  const Plan many = plan_for(decode_key(64, 8192, 80), same_lengths(64, 1, 8192));
+  EXPECT_EQ(many.num_splits, 50);
+  EXPECT_EQ(many.num_splits_dynamic, std::vector<int32_t>(64, 3));
+  // One long sequence among short ones gets the splits; one without query rows gets 1.
+  const Plan mixed = plan_for(decode_key(3, 8192, 80), {{1, 8192}, {1, 100}, {0, 8192}});
+  EXPECT_EQ(mixed.num_splits_dynamic, (std::vector<int32_t>{43, 1, 1}));
+  // Few key blocks (<= 4) or a batch above 992: no split, as FA3.
+  EXPECT_EQ(static_plan(decode_key(1, 256, 80)).num_splits, 1);
+  EXPECT_EQ(static_plan(decode_key(1000, 8192, 80)).num_splits, 1);
+  // A requested num_splits is the upper bound the rule stays under.
+  PlanKey capped = decode_key(1, 8192, 80);
+  capped.num_splits = 8;
+  EXPECT_EQ(plan_for(capped, same_lengths(1, 1, 8192)).num_splits_dynamic, std::vector<int32_t>{8});
+  // Hopper plans and the CPU keep FA3's rule.
+  EXPECT_EQ(static_plan(decode_key(1, 8192, 90)).num_splits, 15);
+  EXPECT_EQ(static_plan(decode_key(1, 8192, 0, 64)).num_splits, 7);
+}
+
+TEST(PlanHeuristics, PortableSplitsFitTheirGrid) {
+  // Random batches of mixed lengths: every sequence's splits lie in [1, num_splits] and they add
+  // up to at most portable_split_columns, the grid the CUDA backend launches.
+  uint64_t state = 99;
+  const auto next = [&state](int n) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int>((state >> 33) % static_cast<uint64_t>(n));
+  };
+  int split_sequences = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    PlanKey key = decode_key(1 + next(300), 64 * (1 + next(600)), 80, 1 + next(160));
+    key.max_seqlen_q = 1 + next(40);
+    key.num_splits = next(4) == 0 ? 1 + next(64) : 0;
+    std::vector<SeqLengths> lengths;
+    for (int b = 0; b < key.batch; ++b) {
+      const int seqlen_k = next(8) == 0 ? key.max_seqlen_k : next(key.max_seqlen_k / 8 + 1);
+      lengths.push_back({next(key.max_seqlen_q + 1), seqlen_k});
+    }
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const Plan plan = plan_for(key, lengths);
+    int64_t columns = 0;
+    for (int32_t splits : plan.num_splits_dynamic) {
+      EXPECT_GE(splits, 1);
+      EXPECT_LE(splits, plan.num_splits);
+      columns += splits;
+      split_sequences += splits > 1;
+    }
+    EXPECT_LE(columns, portable_split_columns(key.batch, plan.num_splits, scheduled_heads(plan),
+                                              usable_sms(key)));
+  }
+  EXPECT_GT(split_sequences, 100);  // the draw does exercise splitting
+}
+
+TEST(PlanHeuristics, PortableSplitsOfOneSequenceNeedNoBatch) {
+  // A batch of one skips the prepare kernel: the kernels' portable_splits_alone must give what
+  // the batch rule gives (here and on the device, the same header).
+  for (int sms : {1, 7, 132}) {
+    for (int seqlen_k : {0, 1, 64, 300, 4096, 8192, 65536, 300000}) {
+      for (int seqlen_q : {0, 1, 5, 40}) {
+        PlanKey key = decode_key(1, 300000, 80, sms);
+        key.max_seqlen_q = 40;
+        const Plan plan = plan_for(key, {{seqlen_q, seqlen_k}});
+        const int m = num_m_blocks(plan, seqlen_q);
+        const int64_t n = (seqlen_k + plan.block_n - 1) / plan.block_n;
+        EXPECT_EQ(plan.num_splits_dynamic[0],
+                  portable_splits_alone(m, n, scheduled_heads(plan), portable_slots(usable_sms(key)),
+                                        plan.num_splits))
+            << sms << " SMs, seqlen_q " << seqlen_q << ", seqlen_k " << seqlen_k;
+      }
+    }
+  }
+  EXPECT_EQ(portable_splits_alone(1, 128, 8, 396, 50), 43);  // the b1 x 8192 decode above
 }
 
 TEST(PlanHeuristics, PackGqa) {

@@ -1,0 +1,98 @@
+// kvflash's split-KV rule for the portable CUDA kernels (plans with 0 < arch < 90), shared by the
+// host planner (core/heuristics.cpp) and the device prepare kernel (cuda/prepare.cu), so both give
+// the same splits for the same lengths. Integer arithmetic only: deterministic on both sides.
+//
+// Why not FA3's rule (spec 6.3): FA3 sizes splits for one persistent CTA per SM; the portable
+// decode CTA is 4 warps, several of them share an SM, and a CTA with one warp per scheduler is
+// bound by instruction latency, not memory (H200: batch 1 x 8192 keys ran 120 CTAs at 6 %
+// occupancy). So the rule counts CTA slots (kPortableCtasPerSm per SM) instead of SMs:
+//  - total = sum over sequences of scheduled heads x query tiles x key blocks;
+//  - for w waves of slots, blocks per split = max(kPortableMinBlocksPerSplit,
+//    ceil(total / (w * slots))), and a sequence of n key blocks gets ceil(n / that) splits,
+//    at most the plan's num_splits (1 for a sequence without query rows);
+//  - w = 1 always qualifies, w = 2..kPortableMaxWaves only when their splits keep at least
+//    kPortableMinMultiWaveBlocks key blocks (a partial last wave only costs much when CTAs are
+//    long); the qualifying w whose CTAs fill their last wave best wins, the fewest waves on a tie.
+// Example (H200, 132 SMs, 8 KV heads, 8192 keys in 64-key blocks): batch 1 gets 43 splits (344
+// CTAs, one wave of 396 slots); batch 64 gets 3 splits each (1536 CTAs, 3.9 waves) instead of
+// 1 (512 CTAs: 1.3 waves, the last 116 CTAs alone on their SMs).
+#pragma once
+
+#include <cstdint>
+
+#include "core/mask.h"
+
+namespace kvflash::core {
+
+constexpr int kPortableCtasPerSm = 3;         // decode CTA, d <= 128: registers and shared memory
+constexpr int kPortableMinBlocksPerSplit = 2;
+constexpr int kPortableMaxWaves = 4;
+constexpr int kPortableMinMultiWaveBlocks = 16;
+
+KVFLASH_HD int64_t portable_slots(int usable_sms) { return int64_t{usable_sms} * kPortableCtasPerSm; }
+
+KVFLASH_HD int64_t portable_blocks_per_split(int64_t total, int waves, int64_t slots) {
+  const int64_t per_wave = int64_t{waves} * slots;
+  const int64_t blocks = (total + per_wave - 1) / per_wave;
+  return blocks > kPortableMinBlocksPerSplit ? blocks : kPortableMinBlocksPerSplit;
+}
+
+// Splits of one sequence with m_blocks query tiles and n_blocks key blocks.
+KVFLASH_HD int portable_splits(int m_blocks, int64_t n_blocks, int64_t blocks_per_split,
+                               int max_splits) {
+  if (m_blocks <= 0) return 1;
+  const int64_t wanted = (n_blocks + blocks_per_split - 1) / blocks_per_split;
+  return wanted < 1 ? 1 : (wanted > max_splits ? max_splits : static_cast<int>(wanted));
+}
+
+// Does `ctas` fill its last wave of `slots` strictly better than `best_ctas`?
+KVFLASH_HD bool portable_fills_better(int64_t ctas, int64_t best_ctas, int64_t slots) {
+  if (best_ctas <= 0) return ctas > 0;
+  if (ctas <= 0) return false;
+  const int64_t waves = (ctas + slots - 1) / slots;
+  const int64_t best_waves = (best_ctas + slots - 1) / slots;
+  return ctas * best_waves > best_ctas * waves;  // ctas / waves > best_ctas / best_waves
+}
+
+// The key blocks per split the rule picks for `total` block-tiles. ctas_for(blocks) gives the
+// CTAs (scheduled heads x query tiles x splits, summed over the batch) that many blocks per split
+// make; it is called for each qualifying wave count in order (the device passes a CTA-wide sum,
+// which every thread reaches alike).
+template <class CtasFor>
+KVFLASH_HD int64_t portable_choose_blocks(int64_t total, int64_t slots, CtasFor ctas_for) {
+  int64_t best_blocks = portable_blocks_per_split(total, 1, slots);
+  int64_t best_ctas = ctas_for(best_blocks);
+  for (int waves = 2; waves <= kPortableMaxWaves; ++waves) {
+    const int64_t blocks = portable_blocks_per_split(total, waves, slots);
+    if (blocks < kPortableMinMultiWaveBlocks) continue;
+    const int64_t ctas = ctas_for(blocks);
+    if (portable_fills_better(ctas, best_ctas, slots)) {
+      best_blocks = blocks;
+      best_ctas = ctas;
+    }
+  }
+  return best_blocks;
+}
+
+// Splits of a batch's only sequence (what the batch rule gives it), so a one-sequence call needs
+// no prepare kernel: the attention and combine kernels compute it from the lengths they read.
+KVFLASH_HD int portable_splits_alone(int m_blocks, int64_t n_blocks, int heads, int64_t slots,
+                                     int max_splits) {
+  const int64_t tiles = int64_t{heads} * m_blocks;
+  const int64_t blocks = portable_choose_blocks(tiles * n_blocks, slots, [&](int64_t b) {
+    return tiles * portable_splits(m_blocks, n_blocks, b, max_splits);
+  });
+  return portable_splits(m_blocks, n_blocks, blocks, max_splits);
+}
+
+// Bound on the sum of the per-sequence splits over a batch of `batch` (see above: each sequence
+// adds at most one split beyond n / blocks_per_split, and those add up to at most waves x slots /
+// heads), so a grid of this many (sequence, split) columns always holds every split.
+KVFLASH_HD int64_t portable_split_columns(int batch, int max_splits, int heads, int usable_sms) {
+  const int64_t h = heads > 0 ? heads : 1;
+  const int64_t extra = (kPortableMaxWaves * portable_slots(usable_sms) + h - 1) / h;
+  const int64_t all = int64_t{batch} * max_splits;
+  return batch + extra < all ? batch + extra : all;
+}
+
+}  // namespace kvflash::core

@@ -1,0 +1,31 @@
+// kvflash's portable split rule (core/split_rule.h) on one sequence's device-side lengths.
+#pragma once
+
+#include <cstdint>
+
+#include "core/split_rule.h"
+#include "cuda/params.h"
+
+namespace kvflash::cuda {
+
+// Query tiles and key blocks of a sequence under the plan's tiles.
+struct SplitTiles {
+  int m_blocks = 0;
+  int64_t n_blocks = 0;
+};
+
+__device__ __forceinline__ SplitTiles split_tiles(const SplitRule& r, int seqlen_q, int seqlen_k) {
+  SplitTiles t;
+  t.m_blocks = int((int64_t(seqlen_q > 0 ? seqlen_q : 0) * r.group + r.block_m - 1) / r.block_m);
+  t.n_blocks = (int64_t(seqlen_k > 0 ? seqlen_k : 0) + r.block_n - 1) / r.block_n;
+  return t;
+}
+
+// Splits of a batch's only sequence (what the prepare kernel would give it).
+__device__ __forceinline__ int splits_alone(const SplitRule& r, int seqlen_q, int seqlen_k, int max_splits) {
+  const SplitTiles t = split_tiles(r, seqlen_q, seqlen_k);
+  return core::portable_splits_alone(t.m_blocks, t.n_blocks, r.heads, core::portable_slots(r.num_sms),
+                                     max_splits);
+}
+
+}  // namespace kvflash::cuda
