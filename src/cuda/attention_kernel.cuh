@@ -2,9 +2,10 @@
 //
 // A CTA owns kBlockM packed query rows (the query heads sharing KV head hk, packed row-major as
 // (query index, head in group)) of one batch element and one split, and walks the split's key
-// blocks with an online softmax. Warps form a kWarpsM x kWarpsN grid: each warp row owns 16 query
-// rows, and the kWarpsN warps of a row take disjoint key slices of every block (kWarpsN > 1 is
-// the decode shape: few query rows, many keys); their softmax states merge in the epilogue.
+// blocks with an online softmax. Warps form a kWarpsM x kWarpsN grid: each warp row owns
+// kWarpRows (16 or 32) query rows, and the kWarpsN warps of a row take disjoint key slices of
+// every block (kWarpsN > 1 is the decode shape: few query rows, many keys); their softmax states
+// merge in the epilogue.
 //
 // Loads are cp.async with zero fill: K / V rows outside the CTA's key range, at a bad page id or
 // beyond the real head dim are never read, so NaN in unused cache slots cannot reach the output,
@@ -17,18 +18,22 @@
 #include <string>
 
 #include "core/mask.h"
+#include "core/tile_size.h"
 #include "kvflash/errors.h"
 #include "cuda/lengths.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/params.h"
+#include "cuda/split_rule.cuh"
 
 namespace kvflash::cuda {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// kMTiles: m16 tiles (16 query rows each) per warp. Two let every K / V fragment read from shared
+// memory feed two mma instead of one, halving shared-memory traffic per mma (FA2's layout).
 template <class Elem_, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kWarpsN_,
-          int kMinBlocks_ = 1>
+          int kMinBlocks_ = 1, int kMTiles_ = 1>
 struct AttentionTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -36,7 +41,9 @@ struct AttentionTraits {
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kWarpsN = kWarpsN_;
-  static constexpr int kWarpsM = kBlockM / 16;
+  static constexpr int kMTiles = kMTiles_;
+  static constexpr int kWarpRows = 16 * kMTiles;
+  static constexpr int kWarpsM = kBlockM / kWarpRows;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kWarpKeys = kBlockN / kWarpsN;
   // Rows padded by 16 bytes so ldmatrix over 8 consecutive rows hits 8 different bank groups.
@@ -51,43 +58,48 @@ struct AttentionTraits {
   static constexpr int kStages = kQBytes + 2 * kStageBytes <= 160 * 1024 ? 2 : 1;
   static constexpr int kTileBytes = kQBytes + kStages * kStageBytes;
   static constexpr int kEpilogueBytes = kBlockM * kOStride * 4;
-  static constexpr int kStatsBytes = 2 * kWarpsN * kBlockM * 4 + kBlockM * 4;
-  // Element offsets of the K and V rows of two key blocks (the one loading and the next), so the
-  // paged address of a row is computed once per block, not once per 16-byte copy.
-  static constexpr int kRowOffsetBytes = 2 * 2 * kBlockN * 8;
+  // Row max and sum per warp column, LSE, and each row's visible key range [lo, hi) (rounded to
+  // 16 bytes: the row sources after them are read 16 bytes at a time).
+  static constexpr int kStatsBytes = (2 * kWarpsN * kBlockM * 4 + kBlockM * 4 + kBlockM * 8 + 15) / 16 * 16;
+  // Sources of the K and V rows of two key blocks (the one loading and the next), so the paged
+  // address of a row is computed once per block, not once per 16-byte copy.
+  static constexpr int kRowSourceBytes = 2 * 2 * kBlockN * 16;
   static constexpr int kSmemBytes =
-      (kTileBytes > kEpilogueBytes ? kTileBytes : kEpilogueBytes) + kStatsBytes + kRowOffsetBytes;
+      (kTileBytes > kEpilogueBytes ? kTileBytes : kEpilogueBytes) + kStatsBytes + kRowSourceBytes;
   static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0, "head dims are multiples of 16");
-  static_assert(kBlockM % 16 == 0 && kWarpKeys % 16 == 0, "tiles are whole mma steps");
+  static_assert(kBlockM % kWarpRows == 0 && kWarpKeys % 16 == 0, "tiles are whole mma steps");
+};
+
+// Where a tile row comes from: a valid global address, and whether to copy it (else zero fill,
+// reading nothing from the address).
+template <class Elem>
+struct alignas(16) RowSource {
+  const Elem* ptr;
+  int valid;
 };
 
 // Rows [0, rows) x chunks of 8 elements of one tile, global -> shared. row_src(r) gives the
-// element pointer of row r or nullptr (zero fill); chunks at or past `valid_chunks` are zero.
-// any_src: a valid global address handed to zero-filled copies, which read nothing from it.
+// RowSource of row r; chunks at or past `valid_chunks` are zero (and read at the row's start, a
+// valid address, so no copy is handed an address past its tensor).
 template <int kRows, int kDim, int kStride, int kThreads, class Elem, class RowSrc>
-__device__ __forceinline__ void load_tile(Elem* smem, const Elem* any_src, int valid_chunks,
-                                          RowSrc row_src) {
+__device__ __forceinline__ void load_tile(Elem* smem, int valid_chunks, RowSrc row_src) {
   constexpr int kChunks = kDim / 8;
   constexpr int kTotal = kRows * kChunks;
   constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
-  // All source addresses first (page-table reads in flight together), then all the copies:
-  // interleaving them would serialise one page-table latency per copy.
-  const Elem* src[kIters];
+  // When the chunks of a row divide the threads, a thread keeps its chunk and steps rows by a
+  // constant: no division per copy and no per-copy row index held in registers. (A key row's
+  // source is a shared-memory read, computed once per block: no long latency needs batching.)
+  constexpr bool kFixedChunk = kThreads % kChunks == 0;
+  const int tid = threadIdx.x;
 #pragma unroll
   for (int it = 0; it < kIters; ++it) {
-    const int e = threadIdx.x + it * kThreads;
-    const int r = e / kChunks;
-    const int c = e - r * kChunks;
-    const Elem* row = (kTotal % kThreads == 0 || e < kTotal) && c < valid_chunks ? row_src(r) : nullptr;
-    src[it] = row ? row + c * 8 : nullptr;
-  }
-#pragma unroll
-  for (int it = 0; it < kIters; ++it) {
-    const int e = threadIdx.x + it * kThreads;
+    const int e = tid + it * kThreads;
     if (kTotal % kThreads != 0 && e >= kTotal) continue;
-    const int r = e / kChunks;
-    const int c = e - r * kChunks;
-    cp_async_16(smem_addr(smem + r * kStride + c * 8), src[it] ? src[it] : any_src, src[it] != nullptr);
+    const int r = kFixedChunk ? tid / kChunks + it * (kThreads / kChunks) : e / kChunks;
+    const int c = kFixedChunk ? tid % kChunks : e - r * kChunks;
+    const bool chunk_ok = c < valid_chunks;
+    const RowSource<Elem> row = row_src(r);
+    cp_async_16(smem_addr(smem + r * kStride + c * 8), row.ptr + (chunk_ok ? c * 8 : 0), chunk_ok && row.valid);
   }
 }
 
@@ -103,14 +115,31 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
   float* sM = reinterpret_cast<float*>(smem_raw + stats_offset);  // [kWarpsN][kBlockM]
   float* sL = sM + T::kWarpsN * T::kBlockM;
   float* sLse = sL + T::kWarpsN * T::kBlockM;                    // [kBlockM]
-  int64_t* sRowK = reinterpret_cast<int64_t*>(smem_raw + stats_offset + T::kStatsBytes);  // [2][kBlockN]
-  int64_t* sRowV = sRowK + 2 * T::kBlockN;                                               // [2][kBlockN]
+  int2* sRowKeys = reinterpret_cast<int2*>(sLse + T::kBlockM);   // [kBlockM]
+  auto* sRowK = reinterpret_cast<RowSource<Elem>*>(smem_raw + stats_offset + T::kStatsBytes);  // [2][kBlockN]
+  auto* sRowV = sRowK + 2 * T::kBlockN;                                                      // [2][kBlockN]
 
-  const int m_block = blockIdx.x;
+  // Last query block first: with causal masks it has the most keys, and launching the longest
+  // CTAs first leaves short ones for the tail of the grid.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
   const int hk = blockIdx.y;
-  const int b = blockIdx.z / p.num_splits;
-  const int split = blockIdx.z - b * p.num_splits;
+  // This CTA's (sequence, split) column: the prepare kernel's list (only the splits the lengths
+  // need are launched), or z = b * num_splits + split.
+  int b = blockIdx.z / p.num_splits;
+  int split = blockIdx.z - b * p.num_splits;
+  int splits_b = p.num_splits;
+  if (p.split_work) {
+    const SplitWork work = p.split_work[blockIdx.z];
+    if (work.batch < 0 || work.batch >= p.len.batch) return;  // an unused column
+    b = work.batch, split = work.split, splits_b = work.num_splits;
+  } else if (p.splits_per_batch) {
+    splits_b = p.splits_per_batch[b];
+  }
   const SeqLens seq = seq_lens(p.len, b);
+  if (p.splits_alone) splits_b = splits_alone(p.rule, seq.seqlen_q, seq.seqlen_k, p.num_splits);
+  splits_b = clamp_int(splits_b, 1, p.num_splits);
+  // Beyond the element's splits: nothing to write when the combine reads only the used ones.
+  if (p.single_split_writes_out && split >= splits_b) return;
   const int packed_rows = seq.seqlen_q * p.group;
   const int row0 = m_block * T::kBlockM;
   if (row0 >= packed_rows) return;
@@ -121,16 +150,15 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
                                                       p.window_left, p.window_right, p.attention_chunk);
   const core::KeyRange last_vis = core::visible_keys(last_row / p.group, seq.seqlen_q, seq.seqlen_k,
                                                      p.window_left, p.window_right, p.attention_chunk);
-  int splits_b = p.splits_per_batch ? p.splits_per_batch[b] : p.num_splits;
-  splits_b = clamp_int(splits_b, 1, p.num_splits);
   const core::KeyRange split_range = core::split_keys(split, splits_b, seq.seqlen_k, p.split_block_n);
   const int n_lo = max(first_vis.lo, split_range.lo);
   const int n_hi = min(last_vis.hi, split_range.hi);
 
-  // Writes rows of this CTA: out (or the split's partial) from value(r, c) -> float4 of channels
-  // c..c+3, and the LSE from lse(r); rows past the sequence are skipped.
+  // Writes rows of this CTA: out (or the split's partial, see single_split_writes_out) from
+  // value(r, c) -> float4 of channels c..c+3, and the LSE from lse(r); rows past the sequence are
+  // skipped.
   auto store_rows = [&](auto value, auto lse) {
-    const bool partial = p.num_splits > 1;
+    const bool partial = p.num_splits > 1 && (splits_b > 1 || !p.single_split_writes_out);
     const int dv_quads = p.headdim_v / 4;
     const int64_t out_batch = p.len.cu_seqlens_q.data ? 0 : b;
     for (int e = threadIdx.x; e < T::kBlockM * dv_quads; e += T::kThreads) {
@@ -175,74 +203,96 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
   const int warp = tid / 32, lane = tid % 32;
   const int wm = warp % T::kWarpsM, wn = warp / T::kWarpsM;
   const int g = lane / 4, t = lane % 4;
+  constexpr int kMT = T::kMTiles;
+  // CTA row of this thread's half h (rows g and g + 8) of its warp's m16 tile mt.
+  auto warp_row = [&](int mt, int h) { return wm * T::kWarpRows + mt * 16 + g + 8 * h; };
 
-  // This thread's two rows (g and g + 8 of its warp's 16) and their visible key ranges.
-  int row_lo[2], row_hi[2];
+  // Each row's visible key range to shared memory (read only by blocks that need a mask), and
+  // [full_lo, full_hi): the keys every row of this thread sees, where no mask is needed.
+  int full_lo = n_lo, full_hi = n_hi;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int idx = row0 + wm * 16 + g + 8 * h;
-    const core::KeyRange vis = core::visible_keys(idx / p.group, seq.seqlen_q, seq.seqlen_k,
-                                                  p.window_left, p.window_right, p.attention_chunk);
-    const bool row_ok = idx < packed_rows;
-    row_lo[h] = max(vis.lo, n_lo);
-    row_hi[h] = row_ok ? min(vis.hi, n_hi) : row_lo[h];
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int idx = row0 + warp_row(mt, h);
+      const core::KeyRange vis = core::visible_keys(idx / p.group, seq.seqlen_q, seq.seqlen_k,
+                                                    p.window_left, p.window_right, p.attention_chunk);
+      const bool row_ok = idx < packed_rows;
+      const int lo = max(vis.lo, n_lo);
+      const int hi = row_ok ? min(vis.hi, n_hi) : lo;
+      if (wn == 0 && t == 0) sRowKeys[warp_row(mt, h)] = make_int2(lo, hi);
+      full_lo = max(full_lo, lo);
+      full_hi = min(full_hi, hi);
+    }
   }
 
   const Elem* q_base = static_cast<const Elem*>(p.q.data);
   const int64_t q_batch = p.len.cu_seqlens_q.data ? 0 : int64_t(b) * p.q.batch_stride;
   load_tile<T::kBlockM, T::kHeadDim, T::kQStride, T::kThreads>(
-      sQ, q_base, p.headdim / 8, [&](int r) -> const Elem* {
+      sQ, p.headdim / 8, [&](int r) -> RowSource<Elem> {
         const int idx = row0 + r;
-        if (idx >= packed_rows) return nullptr;
+        if (idx >= packed_rows) return {q_base, false};
         const int i = idx / p.group;
         const int h = hk * p.group + (idx - i * p.group);
-        return q_base + q_batch + int64_t(seq.q_offset + i) * p.q.token_stride + h * p.q.head_stride;
+        return {q_base + q_batch + int64_t(seq.q_offset + i) * p.q.token_stride + h * p.q.head_stride, true};
       });
 
   const Elem* k_base = static_cast<const Elem*>(p.cache.k);
   const Elem* v_base = static_cast<const Elem*>(p.cache.v);
-  // Row offsets of key block n0 into slot `slot` (-1: outside the CTA's keys or a bad page).
-  auto fill_row_offsets = [&](int n0, int slot) {
+  // Row sources of key block n0 into slot `slot` (zero fill: outside the CTA's keys or a bad page).
+  auto fill_row_sources = [&](int n0, int slot) {
     for (int r = threadIdx.x; r < T::kBlockN; r += T::kThreads) {
       const int j = n0 + r;
       int64_t unit = 0;
       int pos_in_unit = 0;
       const bool ok = j >= n_lo && j < n_hi &&
                       cache_location(p.cache, seq.cache_row, seq.leftpad + j, unit, pos_in_unit);
-      sRowK[slot * T::kBlockN + r] = ok ? unit * p.cache.k_row_stride + pos_in_unit * p.cache.k_pos_stride +
-                                              hk * p.cache.k_head_stride : -1;
-      sRowV[slot * T::kBlockN + r] = ok ? unit * p.cache.v_row_stride + pos_in_unit * p.cache.v_pos_stride +
-                                              hk * p.cache.v_head_stride : -1;
+      sRowK[slot * T::kBlockN + r] =
+          ok ? RowSource<Elem>{k_base + unit * p.cache.k_row_stride + pos_in_unit * p.cache.k_pos_stride +
+                                   hk * p.cache.k_head_stride, true}
+             : RowSource<Elem>{k_base, false};
+      sRowV[slot * T::kBlockN + r] =
+          ok ? RowSource<Elem>{v_base + unit * p.cache.v_row_stride + pos_in_unit * p.cache.v_pos_stride +
+                                   hk * p.cache.v_head_stride, true}
+             : RowSource<Elem>{v_base, false};
     }
   };
   auto load_k = [&](int stage, int slot) {
     load_tile<T::kBlockN, T::kHeadDim, T::kQStride, T::kThreads>(
-        sK + stage * T::kBlockN * T::kQStride, k_base, p.headdim / 8, [&](int r) -> const Elem* {
-          const int64_t off = sRowK[slot * T::kBlockN + r];
-          return off < 0 ? nullptr : k_base + off;
-        });
+        sK + stage * T::kBlockN * T::kQStride, p.headdim / 8, [&](int r) { return sRowK[slot * T::kBlockN + r]; });
   };
   auto load_v = [&](int stage, int slot) {
     load_tile<T::kBlockN, T::kHeadDimV, T::kVStride, T::kThreads>(
-        sV + stage * T::kBlockN * T::kVStride, v_base, p.headdim_v / 8, [&](int r) -> const Elem* {
-          const int64_t off = sRowV[slot * T::kBlockN + r];
-          return off < 0 ? nullptr : v_base + off;
-        });
+        sV + stage * T::kBlockN * T::kVStride, p.headdim_v / 8, [&](int r) { return sRowV[slot * T::kBlockN + r]; });
   };
 
+  // Scores reach log2 units through exp_scale, folded into the exponent's FFMA (one instruction
+  // per score). Softcap, and a scale <= 0 (where max(s) * scale is not max(s * scale)), map the
+  // scores into log2 units first and use exp_scale 1.
   const bool has_softcap = p.softcap > 0.0f;
+  const bool fold_scale = !has_softcap && p.softmax_scale > 0.0f;
   const float score_scale = has_softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
   const float softcap_log2 = p.softcap * kLog2e;
+  const float exp_scale = fold_scale ? score_scale : 1.0f;
 
   constexpr int kNTiles = T::kWarpKeys / 8;
   constexpr int kOTiles = T::kHeadDimV / 8;
-  float o_acc[kOTiles][4];
+  float o_acc[kMT][kOTiles][4];
 #pragma unroll
-  for (int i = 0; i < kOTiles; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY};  // log2 units
-  float row_sum[2] = {0.0f, 0.0f};
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int i = 0; i < kOTiles; ++i) o_acc[mt][i][0] = o_acc[mt][i][1] = o_acc[mt][i][2] = o_acc[mt][i][3] = 0.0f;
+  }
+  float row_max[kMT][2], row_sum[kMT][2];  // max in log2 units
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    row_max[mt][0] = row_max[mt][1] = -INFINITY;
+    row_sum[mt][0] = row_sum[mt][1] = 0.0f;
+  }
 
-  const uint32_t sQ_addr = smem_addr(sQ + (wm * 16 + (lane % 16)) * T::kQStride + (lane / 16) * 8);
+  // m16 tile mt of this warp's Q rows is at sQ_addr + mt * kQTileBytes.
+  constexpr uint32_t kQTileBytes = 16 * T::kQStride * 2;
+  const uint32_t sQ_addr = smem_addr(sQ + (wm * T::kWarpRows + (lane % 16)) * T::kQStride + (lane / 16) * 8);
   // K (non-transposed): matrix mi = lane / 8 covers keys (mi / 2) * 8.., dims (mi % 2) * 8..
   const uint32_t sK_addr = smem_addr(
       sK + (wn * T::kWarpKeys + (lane / 16) * 8 + (lane % 8)) * T::kQStride + ((lane / 8) % 2) * 8);
@@ -250,88 +300,150 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
   const uint32_t sV_addr = smem_addr(
       sV + (wn * T::kWarpKeys + ((lane / 8) % 2) * 8 + (lane % 8)) * T::kVStride + (lane / 16) * 8);
 
-  // The three steps of a key block; `stage` picks the K/V buffers.
+  // The three steps of a key block; `stage` picks the K/V buffers. Each K / V fragment read from
+  // shared memory feeds the warp's kMT m16 tiles.
   constexpr uint32_t kKStageBytes = T::kBlockN * T::kQStride * 2, kVStageBytes = T::kBlockN * T::kVStride * 2;
-  float s[kNTiles][4];
+  float s[kMT][kNTiles][4];
   auto scores = [&](int stage) {
     const uint32_t k_addr = sK_addr + stage * kKStageBytes;
 #pragma unroll
-    for (int i = 0; i < kNTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int i = 0; i < kNTiles; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
+    }
 #pragma unroll
     for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4(sQ_addr + kk * 32, a);
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) ldmatrix_x4(sQ_addr + mt * kQTileBytes + kk * 32, a[mt]);
 #pragma unroll
       for (int np = 0; np < kNTiles / 2; ++np) {
         uint32_t bk[4];
         ldmatrix_x4(k_addr + (np * 16 * T::kQStride) * 2 + kk * 32, bk);
-        mma_16816<Elem>(s[2 * np], a, bk[0], bk[1]);
-        mma_16816<Elem>(s[2 * np + 1], a, bk[2], bk[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<Elem>(s[mt][2 * np], a[mt], bk[0], bk[1]);
+          mma_16816<Elem>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+        }
       }
     }
   };
   auto online_softmax = [&](int n0) {
-    // Scale (and softcap) into log2 units, mask, online softmax.
-    const int key0 = n0 + wn * T::kWarpKeys + 2 * t;
-    float tile_max[2] = {-INFINITY, -INFINITY};
+    if (!fold_scale) {
 #pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
+      for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2;
-        const int j = key0 + nt * 8 + (e & 1);
-        const float x = has_softcap ? softcap_log2 * tanhf(s[nt][e] * score_scale) : s[nt][e] * score_scale;
-        s[nt][e] = (j >= row_lo[h] && j < row_hi[h]) ? x : -INFINITY;
-        tile_max[h] = fmaxf(tile_max[h], s[nt][e]);
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float x = s[mt][nt][e] * score_scale;
+            s[mt][nt][e] = has_softcap ? softcap_log2 * tanhf(x) : x;
+          }
+        }
       }
     }
-    float alpha[2];
+    // Mask only where the warp's key slice crosses one of this thread's row ranges (the CTA's key
+    // range ends, a causal diagonal, a window edge, rows past the sequence).
+    const int slice_lo = n0 + wn * T::kWarpKeys;
+    if (slice_lo < full_lo || slice_lo + T::kWarpKeys > full_hi) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-      const float new_max = fmaxf(row_max[h], tile_max[h]);
-      const float base = new_max == -INFINITY ? 0.0f : new_max;  // all masked: exp2(-inf) = 0
-      alpha[h] = fast_exp2(row_max[h] - base);
-      row_max[h] = new_max;
-      row_sum[h] *= alpha[h];
+      for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
-        s[nt][2 * h] = fast_exp2(s[nt][2 * h] - base);
-        s[nt][2 * h + 1] = fast_exp2(s[nt][2 * h + 1] - base);
-        row_sum[h] += s[nt][2 * h] + s[nt][2 * h + 1];
+        for (int h = 0; h < 2; ++h) {
+          const int2 keys = sRowKeys[warp_row(mt, h)];
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+            for (int e = 2 * h; e < 2 * h + 2; ++e) {
+              const int j = slice_lo + 2 * t + nt * 8 + (e & 1);
+              if (j < keys.x || j >= keys.y) s[mt][nt][e] = -INFINITY;
+            }
+          }
+        }
       }
     }
+    // This thread's scores of row half h of m16 tile mt reduced by op as a tree (short
+    // dependency chains instead of one chain through every score).
+    auto reduce_row = [&](int mt, int h, auto op) {
+      static_assert((kNTiles & (kNTiles - 1)) == 0, "a tree over a power of two");
+      float v[kNTiles];
 #pragma unroll
-    for (int i = 0; i < kOTiles; ++i) {
-      o_acc[i][0] *= alpha[0];
-      o_acc[i][1] *= alpha[0];
-      o_acc[i][2] *= alpha[1];
-      o_acc[i][3] *= alpha[1];
+      for (int nt = 0; nt < kNTiles; ++nt) v[nt] = op(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]);
+#pragma unroll
+      for (int level = 2; level <= kNTiles; level *= 2) {
+#pragma unroll
+        for (int i = 0; i < kNTiles / level; ++i) v[i] = op(v[i], v[i + kNTiles / level]);
+      }
+      return v[0];
+    };
+    float alpha[kMT][2];  // rescale of the accumulated row state
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      float tile_max[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        tile_max[h] = reduce_row(mt, h, [](float x, float y) { return fmaxf(x, y); });
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+        const float new_max = fmaxf(row_max[mt][h], tile_max[h] * exp_scale);
+        const float base = new_max == -INFINITY ? 0.0f : new_max;  // all masked: exp2(-inf) = 0
+        alpha[mt][h] = fast_exp2(row_max[mt][h] - base);
+        row_max[mt][h] = new_max;
+        row_sum[mt][h] *= alpha[mt][h];
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          s[mt][nt][2 * h] = fast_exp2(fmaf(s[mt][nt][2 * h], exp_scale, -base));
+          s[mt][nt][2 * h + 1] = fast_exp2(fmaf(s[mt][nt][2 * h + 1], exp_scale, -base));
+        }
+        row_sum[mt][h] += reduce_row(mt, h, [](float x, float y) { return x + y; });
+      }
+    }
+    // The accumulators only change where a row max grew: once the maxima settle (most blocks of a
+    // long row), the warp skips the multiplies by exactly 1.
+    bool grew = false;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) grew = grew || alpha[mt][0] != 1.0f || alpha[mt][1] != 1.0f;
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int i = 0; i < kOTiles; ++i) {
+          o_acc[mt][i][0] *= alpha[mt][0];
+          o_acc[mt][i][1] *= alpha[mt][0];
+          o_acc[mt][i][2] *= alpha[mt][1];
+          o_acc[mt][i][3] *= alpha[mt][1];
+        }
+      }
     }
   };
   auto accumulate = [&](int stage) {
     const uint32_t v_addr = sV_addr + stage * kVStageBytes;
 #pragma unroll
     for (int ks = 0; ks < T::kWarpKeys / 16; ++ks) {
-      uint32_t a[4];
-      a[0] = pack2<Elem>(s[2 * ks][0], s[2 * ks][1]);
-      a[1] = pack2<Elem>(s[2 * ks][2], s[2 * ks][3]);
-      a[2] = pack2<Elem>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-      a[3] = pack2<Elem>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        a[mt][0] = pack2<Elem>(s[mt][2 * ks][0], s[mt][2 * ks][1]);
+        a[mt][1] = pack2<Elem>(s[mt][2 * ks][2], s[mt][2 * ks][3]);
+        a[mt][2] = pack2<Elem>(s[mt][2 * ks + 1][0], s[mt][2 * ks + 1][1]);
+        a[mt][3] = pack2<Elem>(s[mt][2 * ks + 1][2], s[mt][2 * ks + 1][3]);
+      }
 #pragma unroll
       for (int dp = 0; dp < kOTiles / 2; ++dp) {
         uint32_t bv[4];
         ldmatrix_x4_trans(v_addr + (ks * 16 * T::kVStride + dp * 16) * 2, bv);
-        mma_16816<Elem>(o_acc[2 * dp], a, bv[0], bv[1]);
-        mma_16816<Elem>(o_acc[2 * dp + 1], a, bv[2], bv[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<Elem>(o_acc[mt][2 * dp], a[mt], bv[0], bv[1]);
+          mma_16816<Elem>(o_acc[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+        }
       }
     }
   };
 
-  // Row-offset slots: block b of the CTA uses slot b % 2, filled one block ahead.
-  fill_row_offsets(n_lo, 0);
-  fill_row_offsets(n_lo + T::kBlockN, 1);
+  // Row-source slots: block b of the CTA uses slot b % 2, filled one block ahead.
+  fill_row_sources(n_lo, 0);
+  fill_row_sources(n_lo + T::kBlockN, 1);
   __syncthreads();
   if constexpr (T::kStages == 2) {
     if (n_lo < n_hi) {
@@ -339,20 +451,23 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
       load_v(0, 0);
     }
     cp_async_commit();
-    int stage = 0;  // also the row-offset slot: both alternate per block
+    int stage = 0;  // also the row-source slot: both alternate per block
     for (int n0 = n_lo; n0 < n_hi; n0 += T::kBlockN, stage ^= 1) {
+      cp_async_wait_all();
+      // One barrier per block: this block (and Q) landed for every warp, and every warp is done
+      // with the previous block, whose tile stage is refilled next.
+      __syncthreads();
       if (n0 + T::kBlockN < n_hi) {  // the next block loads while this one is used
         load_k(stage ^ 1, stage ^ 1);
         load_v(stage ^ 1, stage ^ 1);
       }
       cp_async_commit();
-      cp_async_wait_one();
-      __syncthreads();  // this block (and Q) landed
       scores(stage);
       online_softmax(n0);
       accumulate(stage);
-      fill_row_offsets(n0 + 2 * T::kBlockN, stage);  // this slot's block is loaded already
-      __syncthreads();  // every warp is done with this stage before it is refilled
+      // This slot's block was loaded before the barrier; the next barrier orders this write
+      // before the loads that read it.
+      fill_row_sources(n0 + 2 * T::kBlockN, stage);
     }
   } else {
     if (n_lo < n_hi) load_k(0, 0);
@@ -366,27 +481,33 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
       scores(0);
       online_softmax(n0);
       cp_async_wait_all();
-      __syncthreads();  // V landed; every warp is done with K; the next block's offsets are in
+      __syncthreads();  // V landed; every warp is done with K; the next block's sources are in
       if (n0 + T::kBlockN < n_hi) load_k(0, slot ^ 1);
       cp_async_commit();
       accumulate(0);
-      fill_row_offsets(n0 + 2 * T::kBlockN, slot);  // read by load_v above, before the barrier
+      fill_row_sources(n0 + 2 * T::kBlockN, slot);  // read by load_v above, before the barrier
     }
   }
   cp_async_wait_all();
 
   // Epilogue 1: per-warp row statistics to shared memory.
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_sum[mt][h] += __shfl_xor_sync(0xffffffffu, row_sum[mt][h], 1);
+      row_sum[mt][h] += __shfl_xor_sync(0xffffffffu, row_sum[mt][h], 2);
+    }
   }
   __syncthreads();  // every warp is done with the tiles: the epilogue reuses their memory
   if (t == 0) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      sM[wn * T::kBlockM + wm * 16 + g + 8 * h] = row_max[h];
-      sL[wn * T::kBlockM + wm * 16 + g + 8 * h] = row_sum[h];
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        sM[wn * T::kBlockM + warp_row(mt, h)] = row_max[mt][h];
+        sL[wn * T::kBlockM + warp_row(mt, h)] = row_sum[mt][h];
+      }
     }
   }
   if constexpr (T::kWarpsN > 1) {
@@ -396,8 +517,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
 
   // Epilogue 2: merge the warps' states (and the sink, split 0 only), normalise into sO.
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = wm * 16 + g + 8 * h;
+  for (int rh = 0; rh < 2 * kMT; ++rh) {
+    const int mt = rh / 2, h = rh % 2;
+    const int r = warp_row(mt, h);
     float sink = -INFINITY;  // log2 units
     if (add_sink) {
       const int idx = min(row0 + r, packed_rows - 1);
@@ -423,7 +545,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
     float* o_row = sO + r * T::kOStride + 2 * t;
 #pragma unroll
     for (int i = 0; i < kOTiles; ++i) {
-      const float x0 = o_acc[i][2 * h] * factor, x1 = o_acc[i][2 * h + 1] * factor;
+      const float x0 = o_acc[mt][i][2 * h] * factor, x1 = o_acc[mt][i][2 * h + 1] * factor;
       if constexpr (T::kWarpsN > 1) {
         atomicAdd(o_row + i * 8, x0);
         atomicAdd(o_row + i * 8 + 1, x1);
@@ -444,19 +566,27 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
 template <class Elem, int kHeadDim, int kHeadDimV>
 using DecodeTraits = AttentionTraits<Elem, kHeadDim, kHeadDimV, 16,
                                      (kHeadDim > kHeadDimV ? kHeadDim : kHeadDimV) <= 64 ? 128 : 64, 4>;
-// Prefill shape: the sm80 tile table (core/tile_size.h), one warp per 16 rows.
-template <class Elem, int kHeadDim, int kHeadDimV>
-using PrefillTraits = AttentionTraits<Elem, kHeadDim, kHeadDimV,
-                                      (kHeadDim > kHeadDimV ? kHeadDim : kHeadDimV) <= 128 ? 128 : 64,
-                                      (kHeadDim > kHeadDimV ? kHeadDim : kHeadDimV) <= 64 ? 128 : 64, 1,
-                                      (kHeadDim > kHeadDimV ? kHeadDim : kHeadDimV) == 128 ? 2 : 1>;
+// Prefill shape: the sm80 tile table (core/tile_size.h), which the planner reads too. Widest head
+// dim 96 or 128: 4 warps of 32 rows (two m16 tiles each, so every K / V fragment feeds two mma),
+// two CTAs per SM at up to 255 registers. Head dim 64 (128 x 128 tiles, wide score rows) and
+// above 128 (wide accumulators): one m16 tile per warp, whose registers fit without spilling.
+constexpr int prefill_m_tiles(int headdim, int headdim_v) {
+  const int widest = headdim > headdim_v ? headdim : headdim_v;
+  return widest > 64 && widest <= 128 ? 2 : 1;
+}
+template <class Elem, int kHeadDim, int kHeadDimV,
+          core::TileSize kTile = core::tile_size_sm80(core::TileInputs{kHeadDim, kHeadDimV}),
+          int kMTiles = prefill_m_tiles(kHeadDim, kHeadDimV)>
+using PrefillTraits = AttentionTraits<Elem, kHeadDim, kHeadDimV, kTile.block_m, kTile.block_n, 1,
+                                      kMTiles, kMTiles>;
 
 template <class T>
 void launch_attention_with(const AttentionParams& p, cudaStream_t stream) {
   auto kernel = attention_kernel<T>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
   const int packed_max = p.len.seqlen_q * p.group;
-  const dim3 grid((packed_max + T::kBlockM - 1) / T::kBlockM, p.num_heads_k, p.len.batch * p.num_splits);
+  const int columns = p.split_work ? p.num_split_work : p.len.batch * p.num_splits;
+  const dim3 grid((packed_max + T::kBlockM - 1) / T::kBlockM, p.num_heads_k, columns);
   if (grid.x == 0 || grid.z == 0) return;
   if (grid.z > 65535) {
     throw Error(ErrorKind::unsupported, "num_splits",
