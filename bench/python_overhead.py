@@ -1,37 +1,55 @@
-"""Per-call Python overhead of kvflash.flash_attn_interface.flash_attn_with_kvcache on torch CUDA
-tensors, for a decode step (target: <= 15 us, kernel time excluded).
+"""Per-call host overhead of kvflash.flash_attn_interface.flash_attn_with_kvcache for a decode step
+on torch tensors (target on CUDA: <= 15 us of host time per call, kernel time excluded), split
+into its pieces.
 
-What is timed is host time per call with the GPU kept ahead of the host: a small decode problem
-whose kernels finish faster than the host can issue them, N calls back to back, no
-synchronisation inside the loop. The GPU time of the same call (CUDA events) is reported too, to
-show the host was the bottleneck. Variants separate the costs:
+On CUDA the GPU is kept ahead of the host (a small decode problem whose kernels finish faster
+than the host issues them; N calls back to back, no synchronisation inside the loop), so host time
+per call is what the calls cost the host; the GPU time of the same call (CUDA events) is reported
+to show the host was the bottleneck. On the CPU the kernel runs inside the call: the default
+problem is tiny and the `native` row (the same call made from C++) carries the kernel's time, so
+the rows above it are the Python side's cost. Rows (host us per call, min over repeats):
 
   wrapper           flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., page_table=...)
-  wrapper+out       the same with out= preallocated (no torch.empty in the call)
+  wrapper+out       the same with out= preallocated (no output allocation in the call)
   wrapper+metadata  the same with scheduler_metadata from get_scheduler_metadata (typed plan)
-  in_batch          inside a SchedulingBackend batch (metadata looked up per call)
-  binding           kvflash._kvflash.fwd with a prebuilt argument tuple (no Python wrapper)
-  torch.empty       one torch.empty of the output's shape, for scale
-  output_spec, make_plan, current_stream   pieces of the binding's work (no kernel launched)
+  in_batch          inside a SchedulingBackend batch of 32 calls (metadata looked up per call)
+  binding           kvflash._kvflash.fwd on a prebuilt call tuple with out given (no Python wrapper)
+  binding+alloc     the same without out (the binding allocates it through torch)
+  native            the C++ library alone: flash_attn_with_kvcache called from C++ on the imported
+                    call (validation, planning, launches; on the CPU also the kernel)
+  configuration_key the scheduling backend's per-call key (one crossing)
+  output_spec, make_plan   binding crossings that import the call and validate / plan it
+  torch.empty_like  one torch.empty_like of q, for scale
 
-    python3 bench/python_overhead.py [--batch 8] [--calls 2000] [--json out.json]
+and the breakdown of `wrapper`: Python wrapper (wrapper+out - binding), output allocation
+(wrapper - wrapper+out), binding (binding - native: imports, output_spec, stream, workspace) and
+the C++ library (native).
+
+    python3 bench/python_overhead.py [--device cuda|cpu] [--batch 8] [--calls 2000] [--json out.json]
 """
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
 
 import kvflash
-from kvflash import SchedulingBackend, _call, _frameworks, _kvflash
+from kvflash import SchedulingBackend, _call, _kvflash
 from kvflash import flash_attn_interface as fai
 
+# The decode problem timed on each device when no shape is given: the H200 figure's problem on
+# CUDA; on the CPU, where the kernel runs inside the call, one tiny head so that little of the
+# time is kernel.
+DEFAULTS = {
+    "cuda": dict(batch=8, heads=32, heads_k=8, headdim=128, page_size=16, seqlen=64),
+    "cpu": dict(batch=1, heads=1, heads_k=1, headdim=64, page_size=16, seqlen=1),
+}
 
-def decode_problem(batch, heads, heads_k, headdim, page_size, pages_per_seq, seqlen):
-    device = "cuda"
+
+def decode_problem(device, batch, heads, heads_k, headdim, page_size, seqlen):
     dtype = torch.bfloat16
+    pages_per_seq = max(1, -(-seqlen // page_size))
     num_pages = batch * pages_per_seq
     return dict(
         q=torch.randn(batch, 1, heads, headdim, device=device, dtype=dtype),
@@ -43,19 +61,25 @@ def decode_problem(batch, heads, heads_k, headdim, page_size, pages_per_seq, seq
     )
 
 
-def host_us_per_call(fn, calls, repeats=7):
-    """Median over repeats of host microseconds per call (GPU drained before each repeat)."""
+def synchronize(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def host_us_per_call(fn, calls, device, repeats=7):
+    """Least over repeats of host microseconds per call (the device drained before each repeat):
+    the least is the figure other processes on the machine disturbed least."""
     for _ in range(50):
         fn()
     samples = []
     for _ in range(repeats):
-        torch.cuda.synchronize()
+        synchronize(device)
         start = time.perf_counter()
         for _ in range(calls):
             fn()
         samples.append((time.perf_counter() - start) / calls * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(samples)
+    synchronize(device)
+    return min(samples)
 
 
 def gpu_us_per_call(fn, calls):
@@ -70,61 +94,93 @@ def gpu_us_per_call(fn, calls):
     return start.elapsed_time(stop) * 1e3 / calls
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--heads-k", type=int, default=8)
-    parser.add_argument("--headdim", type=int, default=128)
-    parser.add_argument("--page-size", type=int, default=16)
-    parser.add_argument("--seqlen", type=int, default=64, help="cached tokens per sequence (small: the host must be the bottleneck)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
+    for name in DEFAULTS["cuda"]:
+        parser.add_argument("--" + name.replace("_", "-"), type=int,
+                            help=f"default {DEFAULTS['cuda'][name]} on cuda, {DEFAULTS['cpu'][name]} on cpu")
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() and "cuda" in kvflash.build_backends() else "cpu"
+    if args.device == "cuda" and (not torch.cuda.is_available() or "cuda" not in kvflash.build_backends()):
+        raise SystemExit(f"--device cuda needs a GPU and kvflash's CUDA backend (built: {kvflash.build_backends()})")
+    for name, value in DEFAULTS[args.device].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
 
-    if not torch.cuda.is_available() or "cuda" not in kvflash.build_backends():
-        raise SystemExit(f"needs a GPU and kvflash's CUDA backend (built: {kvflash.build_backends()})")
-    pages_per_seq = max(1, -(-args.seqlen // args.page_size))
-    kw = decode_problem(args.batch, args.heads, args.heads_k, args.headdim, args.page_size,
-                        pages_per_seq, args.seqlen)
+
+def main():
+    args = parse_args()
+    device = args.device
+    if device == "cpu":
+        # One thread: the CPU kernel's fork/join (OpenMP, shared with torch) would otherwise be
+        # most of a call on a busy machine, and it is not what this measures.
+        torch.set_num_threads(1)
+    shape = {name: getattr(args, name) for name in DEFAULTS["cuda"]}
+    kw = decode_problem(device, **shape)
     out = torch.empty_like(kw["q"])
+    pages_per_seq = kw["page_table"].shape[1]
     metadata = fai.get_scheduler_metadata(
         args.batch, 1, pages_per_seq * args.page_size, args.heads, args.heads_k, args.headdim,
         kw["cache_seqlens"], qkv_dtype=torch.bfloat16, page_size=args.page_size, causal=True)
     call = _call.make(kw["q"], kw["k_cache"], kw["v_cache"], None, None, None, None, None,
-                           kw["cache_seqlens"], None, None, kw["page_table"], None, None, None, None,
-                           None, None, None, None, True, (-1, -1), 0, 0.0, True, None, 0, None, 0,
-                           None, False)
-    stream = _frameworks.current_stream(kw["q"])
+                      kw["cache_seqlens"], None, None, kw["page_table"], None, None, None, None,
+                      None, None, None, None, True, (-1, -1), 0, 0.0, True, None, 0, None, 0,
+                      None, False)
     backend = SchedulingBackend()
+    layers = 32  # calls per batch: the per-batch planning is amortised as in an engine
 
     def in_batch():
         with backend.batch():
-            for _ in range(32):  # 32 layers per batch: the per-batch planning is amortised
+            for _ in range(layers):
                 fai.flash_attn_with_kvcache(**kw)
 
     variants = {
         "wrapper": lambda: fai.flash_attn_with_kvcache(**kw),
         "wrapper+out": lambda: fai.flash_attn_with_kvcache(**kw, out=out),
         "wrapper+metadata": lambda: fai.flash_attn_with_kvcache(**kw, scheduler_metadata=metadata),
-        "binding": lambda: _kvflash.fwd(call, out, _frameworks.allocate, False, stream),
-        "torch.empty": lambda: torch.empty_like(kw["q"]),
-        # pieces of the binding's work, for the breakdown (no kernel launched)
+        "binding": lambda: _kvflash.fwd(call, out, False),
+        "binding+alloc": lambda: _kvflash.fwd(call, None, False),
+        "configuration_key": lambda: _kvflash.configuration_key(call),
         "output_spec": lambda: _kvflash.output_spec(call),
         "make_plan": lambda: _kvflash.make_plan(call),
-        "current_stream": lambda: _frameworks.current_stream(kw["q"]),
+        "torch.empty_like": lambda: torch.empty_like(kw["q"]),
     }
-    results = {"config": vars(args), "device": torch.cuda.get_device_name(), "host_us": {}, "gpu_us": {}}
+    host = {}
     for name, fn in variants.items():
-        results["host_us"][name] = host_us_per_call(fn, args.calls)
-    results["host_us"]["in_batch"] = host_us_per_call(in_batch, max(1, args.calls // 32)) / 32
-    results["gpu_us"]["wrapper"] = gpu_us_per_call(variants["wrapper"], args.calls)
+        host[name] = host_us_per_call(fn, args.calls, device)
+        if name == "wrapper+metadata":
+            host["in_batch"] = host_us_per_call(in_batch, max(1, args.calls // layers), device) / layers
+        if name == "binding+alloc":
+            synchronize(device)
+            host["native"] = min(_kvflash.native_call_us(call, out, args.calls) for _ in range(7))
+            synchronize(device)
+    breakdown = {
+        "python wrapper": host["wrapper+out"] - host["binding"],
+        "output allocation": host["wrapper"] - host["wrapper+out"],
+        "binding": host["binding"] - host["native"],
+        "C++ library (native)": host["native"],
+    }
+    results = {"config": vars(args),
+               "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+               "host_us": host, "breakdown_us": breakdown, "gpu_us": {}}
+    if device == "cuda":
+        results["gpu_us"]["wrapper"] = gpu_us_per_call(variants["wrapper"], args.calls)
 
     print(f"{results['device']}: decode b={args.batch} h={args.heads}/{args.heads_k} d={args.headdim} "
-          f"page={args.page_size} seqlen={args.seqlen}, bf16")
-    for name, us in results["host_us"].items():
-        print(f"  host {name:<18} {us:8.2f} us/call")
-    print(f"  gpu  {'wrapper':<18} {results['gpu_us']['wrapper']:8.2f} us/call (kernels; below host time = host-bound)")
+          f"page={args.page_size} seqlen={args.seqlen}, bf16, kvflash {kvflash.build_backends()}")
+    for name, us in host.items():
+        print(f"  host {name:<20} {us:8.2f} us/call")
+    print(f"  breakdown of host wrapper ({host['wrapper']:.2f} us/call):")
+    for name, us in breakdown.items():
+        print(f"    {name:<22} {us:8.2f} us/call")
+    if device == "cuda":
+        print(f"  gpu  {'wrapper':<20} {results['gpu_us']['wrapper']:8.2f} us/call "
+              "(kernels; below host time = host-bound)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <optional>
 
 #include "kvflash/args.h"
@@ -77,6 +78,28 @@ size_t workspace_size(const KvCacheArgs& args, const Plan& plan);
 // The call: append k / v (with rotary) into the cache, attend, combine split partials.
 void flash_attn_with_kvcache(const KvCacheArgs& args, const Outputs& outputs,
                              const RunOptions& options = {});
+
+// A call validated, resolved and planned once, for callers that allocate its outputs after
+// learning their shapes (the Python binding asks the caller's framework for them): the checks and
+// the plan are not redone for each question. flash_attn_with_kvcache(args, outputs, options) is
+// PreparedCall(args).run(outputs, options). Throws Error as the call would.
+class PreparedCall {
+ public:
+  explicit PreparedCall(const KvCacheArgs& args);
+  ~PreparedCall();
+  PreparedCall(PreparedCall&&) noexcept;
+  PreparedCall& operator=(PreparedCall&&) noexcept;
+
+  const OutputSpec& output_spec() const;
+  const Plan& plan() const;
+  size_t workspace_size() const;
+  // The call; the tensors and the Plan given to the constructor must still be alive.
+  void run(const Outputs& outputs, const RunOptions& options = {}) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // FA3's flash_attn_combine: out_partial (num_splits, b, s, h, d) float32 and lse_partial
 // (num_splits, b, s, h) float32 into out (b, s, h, d) and lse (b, s, h) (rank-4/3 forms, or the

@@ -11,7 +11,6 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _frameworks as fw
 from . import _kvflash as _ext
 
 
@@ -35,7 +34,7 @@ def fwd_kvcache(
             attention_chunk, softcap, rotary_interleaved, scheduler_metadata, num_splits, pack_gqa,
             sm_margin, sinks, only_qv, False)
     like = q if q is not None else v_cache
-    result = _ext.fwd(call, None, fw.allocate, return_lse, fw.current_stream(like))
+    result = _ext.fwd(call, None, return_lse)
     if return_lse:
         return result[0], result[1]
     return result, like.new_empty((0,), dtype=torch.float32)

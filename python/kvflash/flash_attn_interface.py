@@ -41,6 +41,9 @@ __all__ = [
 
 _DEFAULT_QKV_DTYPE = torch.bfloat16 if torch is not None else "bfloat16"
 
+# How the extension reaches frameworks it does not serve from C++ (numpy, CuPy, ...).
+_ext.set_framework_hooks(fw.allocate, fw.current_stream)
+
 
 def _check_ver(ver):
     if ver != 3:
@@ -62,42 +65,35 @@ def _is_compiling():
 
 # --- scheduler metadata made by get_scheduler_metadata ---------------------------------------
 # The FA3 int32 tensor handed to the caller is only a serialisation; the typed Plan it came from
-# knows the whole problem it was made for. Keyed by the tensor's address and length (and
-# confirmed by identity through a weak reference), so passing the tensor back lets the call check
-# every PlanKey field. Tensors not made here fall back to the C++ check of FA3's layout.
+# knows the whole problem it was made for. Keyed by the tensor's identity (id, confirmed through a
+# weak reference whose callback drops the entry when the tensor dies), so passing the tensor back
+# lets the call check every PlanKey field. Tensors not made here (copies, views, FA3's own) fall
+# back to the C++ check of FA3's layout.
 _plans_lock = threading.RLock()  # re-entrant: a weakref callback may run under it
 _plans_by_tensor = {}
 
 
-def _tensor_address(t):
-    if fw.is_torch(t):
-        return (t.data_ptr(), tuple(t.shape))
-    if hasattr(t, "__array_interface__"):
-        return (t.__array_interface__["data"][0], tuple(t.shape))
-    return None
-
-
 def _remember_plan(tensor, plan):
-    address = _tensor_address(tensor)
-    if address is None:
+    key = id(tensor)
+    try:
+        ref = weakref.ref(tensor, lambda _ref: _forget(key, _ref))
+    except TypeError:  # a framework whose arrays take no weak reference: FA3's check applies
         return
     with _plans_lock:
-        _plans_by_tensor[address] = (weakref.ref(tensor, lambda _ref: _forget(address, _ref)), plan)
+        _plans_by_tensor[key] = (ref, plan)
 
 
-def _forget(address, ref):
+def _forget(key, ref):
     with _plans_lock:
-        entry = _plans_by_tensor.get(address)
+        entry = _plans_by_tensor.get(key)
         if entry is not None and entry[0] is ref:
-            del _plans_by_tensor[address]
+            del _plans_by_tensor[key]
 
 
 def _plan_for(metadata):
     """The typed Plan behind a metadata tensor made by get_scheduler_metadata (the call then
     checks the whole problem the plan was made for), else the tensor itself."""
-    if not _plans_by_tensor or isinstance(metadata, _ext.Plan):
-        return metadata
-    entry = _plans_by_tensor.get(_tensor_address(metadata))
+    entry = _plans_by_tensor.get(id(metadata))
     if entry is not None and entry[0]() is metadata:
         return entry[1]
     return metadata
@@ -151,24 +147,36 @@ def flash_attn_with_kvcache(
     FA3's four values ``(out, softmax_lse, out_accum, softmax_lse_accum)`` (the last two empty
     when the call does not split).
     """
-    _check_ver(ver)
-    _reject_fa4_only(score_mod, aux_tensors)
-    if not _is_compiling():  # traced calls make the same checks in _torch_ops
-        if k_cache is not None:
-            assert fw.last_dim_contiguous(k_cache), "k_cache must have contiguous last dimension"
-        assert fw.last_dim_contiguous(v_cache), "v_cache must have contiguous last dimension"
-    call = _call.make(
-        q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-        cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
-        q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
-        softcap, rotary_interleaved, scheduler_metadata, num_splits, pack_gqa, sm_margin, sinks,
-        only_qv)
-    return _run(call, return_softmax_lse, out, True)
+    # The per-call path of every decode step: kept to a few operations (python_overhead.py).
+    if ver != 3:
+        _check_ver(ver)
+    if score_mod is not None or aux_tensors is not None:
+        _reject_fa4_only(score_mod, aux_tensors)
+    # _call.make's tuple, written out: a call of make would cost a frame per attention call.
+    call = (q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
+            q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
+            softcap, rotary_interleaved, scheduler_metadata, num_splits, pack_gqa, sm_margin, sinks,
+            only_qv, False)
+    if _torch_ops is not None and torch.compiler.is_compiling():
+        return _torch_ops.traced_kvcache(call, return_softmax_lse, out)
+    # FA3's last-dimension asserts on k_cache / v_cache are made by the extension (one crossing).
+    if scheduler_metadata is not None:
+        plan = _plan_for(scheduler_metadata)
+        if plan is not scheduler_metadata:
+            call = _call.with_metadata(call, plan)
+    else:
+        batch = _scheduling.active_batch()
+        if batch is not None:  # the engine's batch supplies this configuration's metadata
+            metadata = batch.metadata_for(call)
+            if metadata is not None:
+                call = _call.with_metadata(call, metadata)
+    return _ext.fwd(call, out, return_softmax_lse)
 
 
-def _run(call, return_softmax_lse, out, from_batch):
-    """The call after FA3's Python-level checks. from_batch: a scheduling batch that is active
-    may supply the metadata (the engine's attention calls; not the dense / varlen functions)."""
+def _run(call, return_softmax_lse, out):
+    """The dense / varlen functions' call after FA3's Python-level checks (no scheduling batch:
+    it supplies the engine's attention calls only)."""
     if _is_compiling():
         return _torch_ops.traced_kvcache(call, return_softmax_lse, out)
     metadata = call[_call.SCHEDULER_METADATA]
@@ -176,10 +184,7 @@ def _run(call, return_softmax_lse, out, from_batch):
         plan = _plan_for(metadata)
         if plan is not metadata:
             call = _call.with_metadata(call, plan)
-    elif from_batch:
-        call = _scheduling.with_batch_metadata(call)
-    like = call[_call.Q] if call[_call.Q] is not None else call[_call.V_CACHE]
-    return _ext.fwd(call, out, fw.allocate, return_softmax_lse, fw.current_stream(like))
+    return _ext.fwd(call, out, return_softmax_lse)
 
 
 def _forward_only(name, *tensors):
@@ -237,7 +242,7 @@ def flash_attn_func(
         q, k, v, None, None, qv, None, None, None, None, None, None, None, None, None, None,
         q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
         softcap, True, None, num_splits, pack_gqa, sm_margin, None, False)
-    result = _run(call, return_attn_probs, None, False)
+    result = _run(call, return_attn_probs, None)
     return _attention_result(result, return_attn_probs)
 
 
@@ -303,7 +308,7 @@ def flash_attn_varlen_func(
         cu_seqlens_q, None, max_seqlen_q, None, q_descale, k_descale, v_descale, softmax_scale,
         causal, window_size, attention_chunk, softcap, True, None, num_splits, pack_gqa,
         sm_margin, None, False)
-    result = _run(call, return_attn_probs, None, False)
+    result = _run(call, return_attn_probs, None)
     return _attention_result(result, return_attn_probs)
 
 

@@ -36,13 +36,6 @@ from . import _kvflash as _ext
 
 __all__ = ["SchedulingBackend", "Batch", "active_batch"]
 
-# Tensors whose shape, dtype or device the plan depends on (heads, head dims, capacity, page
-# size, new-token count, varlen, leftpad presence).
-_SHAPED = (c.Q, c.K_CACHE, c.V_CACHE, c.K, c.QV, c.PAGE_TABLE, c.CU_SEQLENS_Q, c.CU_SEQLENS_K_NEW,
-           c.CACHE_LEFTPAD)
-# Tensors whose values (per-sequence lengths) the per-batch vectors depend on.
-_LENGTHS = (c.CACHE_SEQLENS, c.CU_SEQLENS_Q, c.CU_SEQLENS_K_NEW, c.CACHE_LEFTPAD)
-
 _active = contextvars.ContextVar("kvflash_scheduling_batch", default=None)
 
 
@@ -51,50 +44,12 @@ def active_batch():
     return _active.get()
 
 
-def _describe(t):
-    # torch.Size / numpy shapes, dtypes and devices are hashable as they are: no conversions on
-    # this per-call path.
-    if t is None:
-        return None
-    return (t.shape, t.dtype, getattr(t, "device", None))
-
-
-def _window(window_size):
-    left, right = window_size
-    return (-1 if left is None else int(left), -1 if right is None else int(right))
-
-
-def _identity(lengths):
-    return lengths if lengths is None or isinstance(lengths, int) else id(lengths)
-
-
 def configuration_key(call):
-    """Everything in a call that changes its plan, as a hashable tuple. Length tensors count by
-    identity (the batch keeps them alive, so an identity cannot be reused while it is cached)."""
-    return (
-        tuple([_describe(call[i]) for i in _SHAPED]),
-        tuple([_identity(call[i]) for i in _LENGTHS]),
-        call[c.MAX_SEQLEN_Q],
-        bool(call[c.CAUSAL]),
-        _window(call[c.WINDOW_SIZE]),
-        int(call[c.ATTENTION_CHUNK] or 0),
-        float(call[c.SOFTCAP]) > 0.0,
-        int(call[c.NUM_SPLITS] or 0),
-        call[c.PACK_GQA],
-        int(call[c.SM_MARGIN]),
-        bool(call[c.ONLY_QV]),
-    )
-
-
-def with_batch_metadata(call):
-    """`call` with the active batch's metadata for it, or unchanged outside a batch."""
-    batch = _active.get()
-    if batch is None:
-        return call
-    metadata = batch.metadata_for(call)
-    if metadata is None:
-        return call
-    return c.with_metadata(call, metadata)
+    """Everything in a call that changes its plan, as hashable bytes (made by the extension, in
+    one crossing): the shapes, dtypes and devices of the tensors the plan reads the shape of, the
+    length tensors by identity (the batch keeps them alive, so an identity cannot be reused while
+    it is cached), and every scalar of the PlanKey. A malformed call raises what the call would."""
+    return _ext.configuration_key(call)
 
 
 class Batch:
@@ -137,7 +92,7 @@ class Batch:
 
     def metadata_for(self, call):
         """The metadata for this call's configuration, computed at the first call that needs it."""
-        key = configuration_key(call)
+        key = _ext.configuration_key(call)  # configuration_key(call), one Python frame less
         with self._lock:
             if self._closed:
                 return None

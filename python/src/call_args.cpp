@@ -1,5 +1,6 @@
 #include "call_args.h"
 
+#include <cstring>
 #include <string>
 
 #include "kvflash/errors.h"
@@ -64,12 +65,34 @@ void read_metadata(nb::handle metadata, TensorImporter& importer, KvCacheArgs& a
     args.scheduler_metadata = importer.optional(metadata, "scheduler_metadata");
 }
 
+// FA3's Python-level `assert k_cache.stride(-1) == 1, "..."`, made before anything else is
+// read, for the caches of the frameworks FA3's callers use (torch, numpy); others are left to
+// the C++ checks. A cache that cannot be read at all is reported by the full import after this.
+void assert_last_dim_contiguous(nb::handle cache, const char* name, const char* message) {
+  if (cache.is_none() || !(is_torch_tensor(cache) || is_numpy_array(cache))) return;
+  OptTensor view;
+  try {
+    TensorImporter importer;
+    view = importer.optional(cache, name);
+  } catch (const Error&) {
+    return;
+  } catch (const nb::python_error&) {
+    return;
+  }
+  if (view && view->rank > 0 && view->size(-1) > 1 && view->stride(-1) != 1) {
+    PyErr_SetString(PyExc_AssertionError, message);
+    throw nb::python_error();
+  }
+}
+
 }  // namespace
 
 KvCacheArgs call_args(nb::handle call, TensorImporter& importer) {
   if (!PyTuple_Check(call.ptr()) || PyTuple_GET_SIZE(call.ptr()) != kCallFieldCount)
     throw Error(ErrorKind::invalid_type, "", "internal: malformed call tuple");
   auto at = [&](CallField f) { return nb::handle(PyTuple_GET_ITEM(call.ptr(), f)); };
+  assert_last_dim_contiguous(at(kKCache), "k_cache", "k_cache must have contiguous last dimension");
+  assert_last_dim_contiguous(at(kVCache), "v_cache", "v_cache must have contiguous last dimension");
   KvCacheArgs a;
   a.q = importer.optional(at(kQ), "q");
   a.k_cache = importer.optional(at(kKCache), "k_cache", /*writable=*/!at(kK).is_none());
@@ -109,6 +132,62 @@ KvCacheArgs call_args(nb::handle call, TensorImporter& importer) {
   a.only_qv = to_bool(at(kOnlyQv));
   a.checked = to_bool(at(kChecked));
   return a;
+}
+
+}  // namespace kvflash::python
+
+namespace kvflash::python {
+namespace {
+
+template <class T>
+void append(std::string& key, const T& value) {
+  key.append(reinterpret_cast<const char*>(&value), sizeof(T));
+}
+
+void append_shape(std::string& key, const OptTensor& t) {
+  append(key, t.has_value());
+  if (!t) return;
+  append(key, t->dtype);
+  append(key, t->device);
+  append(key, t->rank);
+  key.append(reinterpret_cast<const char*>(t->shape), sizeof(int64_t) * t->rank);
+}
+
+// A length tensor by identity; an int (cache_seqlens) by value.
+void append_identity(std::string& key, nb::handle lengths) {
+  const bool is_int = PyLong_Check(lengths.ptr());
+  append(key, is_int);
+  if (is_int)
+    append(key, PyLong_AsLongLong(lengths.ptr()));
+  else
+    append(key, reinterpret_cast<uintptr_t>(lengths.ptr()));  // None is one object too
+}
+
+}  // namespace
+
+std::string configuration_key(nb::handle call) {
+  TensorImporter importer;
+  const KvCacheArgs a = call_args(call, importer);
+  std::string key;
+  key.reserve(512);
+  for (const OptTensor* t : {&a.q, &a.k_cache, &a.v_cache, &a.k, &a.qv, &a.page_table,
+                             &a.cu_seqlens_q, &a.cu_seqlens_k_new, &a.cache_leftpad})
+    append_shape(key, *t);
+  for (CallField f : {kCacheSeqlens, kCuSeqlensQ, kCuSeqlensKNew, kCacheLeftpad})
+    append_identity(key, PyTuple_GET_ITEM(call.ptr(), f));
+  append(key, a.max_seqlen_q.has_value());
+  append(key, a.max_seqlen_q.value_or(0));
+  append(key, a.causal);
+  append(key, a.window_left);
+  append(key, a.window_right);
+  append(key, a.attention_chunk);
+  append(key, a.softcap > 0.0f);
+  append(key, a.num_splits);
+  append(key, a.pack_gqa.has_value());
+  append(key, a.pack_gqa.value_or(false));
+  append(key, a.sm_margin);
+  append(key, a.only_qv);
+  return key;
 }
 
 }  // namespace kvflash::python

@@ -5,6 +5,8 @@
 
 #include <nanobind/nanobind.h>
 
+#include <string>
+
 #include "kvflash/args.h"
 #include "kvflash/plan.h"
 #include "tensor_import.h"
@@ -23,5 +25,11 @@ enum CallField : int {
 // Builds the arguments; tensors are imported through `importer` (which keeps what it made
 // alive). scheduler_metadata may be a Plan (typed metadata) or an int32 tensor (FA3's layout).
 KvCacheArgs call_args(nb::handle call, TensorImporter& importer);
+
+// Everything in a call that changes its plan, as bytes: the scheduling backend's per-batch key
+// (python/kvflash/scheduling.py). Shapes, dtypes and devices of the tensors the plan reads the
+// shape of; the length tensors by identity (the batch keeps them alive while the key is cached);
+// every scalar that enters the PlanKey. Raises what the call itself would for a malformed call.
+std::string configuration_key(nb::handle call);
 
 }  // namespace kvflash::python

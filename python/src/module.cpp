@@ -1,15 +1,18 @@
 // kvflash._kvflash: the nanobind module under python/kvflash. It is deliberately thin: it
 // imports tensors (tensor_import.h), builds KvCacheArgs (call_args.h), asks the caller's
-// framework for outputs through an `allocate(like, shape, dtype_code)` callback and calls the
-// C++ library. FA3's Python conventions live in flash_attn_interface.py.
+// framework for outputs, scratch and its current stream (framework.h) and calls the C++ library.
+// FA3's Python conventions live in flash_attn_interface.py.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "call_args.h"
+#include "framework.h"
 #include "kvflash/kvflash.h"
 #include "tensor_import.h"
 
@@ -18,78 +21,98 @@ namespace nb = nanobind;
 namespace kvflash::python {
 namespace {
 
-nb::tuple shape_tuple(const TensorSpec& spec) {
-  nb::list dims;
-  for (int i = 0; i < spec.rank; ++i) dims.append(spec.shape[i]);
-  return nb::tuple(dims);
-}
-
-// An output the caller's framework allocates: allocate(like, shape, dtype_code).
-nb::object allocate_output(nb::handle allocate, nb::handle like, const TensorSpec& spec) {
-  return allocate(like, shape_tuple(spec), static_cast<int>(spec.dtype));
-}
-
-nb::object empty_output(nb::handle allocate, nb::handle like) {
-  TensorSpec empty;
-  empty.rank = 1;
-  empty.shape[0] = 0;
-  return allocate_output(allocate, like, empty);
-}
-
 RunOptions run_options(uintptr_t stream) {
   RunOptions options;
   options.stream = reinterpret_cast<void*>(stream);
   return options;
 }
 
-// The call. `out` may be None (allocated here). Returns out, or FA3's four values
-// (out, softmax_lse, out_accum, softmax_lse_accum) with return_lse.
-nb::object fwd(nb::handle call, nb::handle out, nb::handle allocate, bool return_lse,
-               uintptr_t stream) {
-  TensorImporter importer;
-  KvCacheArgs args = call_args(call, importer);
-  nb::handle like = PyTuple_GET_ITEM(call.ptr(), args.q ? kQ : kVCache);
-  const OutputSpec spec = output_spec(args, args.plan);
-  nb::object out_obj = out.is_none() ? allocate_output(allocate, like, spec.out) : nb::borrow(out);
-  Outputs outputs;
-  outputs.out = importer.required(out_obj, "out", /*writable=*/true);
-  nb::object lse_obj, out_accum_obj, lse_accum_obj;
-  if (return_lse) {
-    lse_obj = allocate_output(allocate, like, spec.softmax_lse);
-    outputs.softmax_lse = importer.required(lse_obj, "softmax_lse", true);
-    if (spec.num_splits > 1) {
-      out_accum_obj = allocate_output(allocate, like, spec.out_accum);
-      lse_accum_obj = allocate_output(allocate, like, spec.softmax_lse_accum);
-      outputs.out_accum = importer.required(out_accum_obj, "out_accum", true);
-      outputs.softmax_lse_accum = importer.required(lse_accum_obj, "softmax_lse_accum", true);
-    } else {
-      out_accum_obj = empty_output(allocate, like);
-      lse_accum_obj = empty_output(allocate, like);
+// One call crossing into the library: its arguments imported, validated and planned once
+// (PreparedCall), its outputs allocated by the caller's framework, its options (the framework's current stream; on a GPU, scratch from the
+// framework's allocator). Python objects are touched here, with the GIL held; run() is not.
+class ImportedCall {
+ public:
+  ImportedCall(nb::handle call, nb::handle out, bool return_lse)
+      : args_(call_args(call, importer_)),
+        framework_(PyTuple_GET_ITEM(call.ptr(), args_.q ? kQ : kVCache), device_of(args_)),
+        prepared_(args_) {  // validates first: no output is allocated for a bad call
+    allocate(out, return_lse);
+  }
+
+  void run() const { prepared_.run(outputs_, options_); }
+  // The whole library call, validation and planning included (what a C++ caller pays).
+  void run_from_scratch() const { flash_attn_with_kvcache(args_, outputs_, options_); }
+
+  // out, or FA3's four values (out, softmax_lse, out_accum, softmax_lse_accum) with return_lse.
+  nb::object result(bool return_lse) const {
+    if (!return_lse) return out_;
+    return nb::make_tuple(out_, lse_, out_accum_, lse_accum_);
+  }
+
+ private:
+  static Device device_of(const KvCacheArgs& a) {
+    if (a.q) return a.q->device;
+    return a.v_cache ? a.v_cache->device : Device{};
+  }
+
+  void allocate(nb::handle out, bool return_lse) {
+    const OutputSpec& spec = prepared_.output_spec();
+    out_ = out.is_none() ? framework_.output(spec.out) : nb::borrow(out);
+    outputs_.out = importer_.required(out_, "out", /*writable=*/true);
+    if (return_lse) {
+      lse_ = framework_.output(spec.softmax_lse);
+      outputs_.softmax_lse = importer_.required(lse_, "softmax_lse", true);
+      if (spec.num_splits > 1) {
+        out_accum_ = framework_.output(spec.out_accum);
+        lse_accum_ = framework_.output(spec.softmax_lse_accum);
+        outputs_.out_accum = importer_.required(out_accum_, "out_accum", true);
+        outputs_.softmax_lse_accum = importer_.required(lse_accum_, "softmax_lse_accum", true);
+      } else {
+        TensorSpec empty;  // FA3 returns empty partials when the call does not split
+        empty.rank = 1;
+        out_accum_ = framework_.output(empty);
+        lse_accum_ = framework_.output(empty);
+      }
+    }
+    options_.stream = framework_.stream();
+    if (outputs_.out.device.type == DeviceType::cuda) {
+      // On the GPU the scratch comes from the caller's allocator (torch's caching allocator),
+      // so the call never allocates by itself and can be captured in a CUDA graph.
+      if (const size_t bytes = prepared_.workspace_size(); bytes > 0) options_.workspace = framework_.scratch(bytes, importer_);
     }
   }
 
-  RunOptions options = run_options(stream);
-  nb::object workspace_obj;
-  if (outputs.out.device.type == DeviceType::cuda) {
-    // On the GPU the scratch comes from the caller's allocator (torch's caching allocator),
-    // so the call never allocates by itself and can be captured in a CUDA graph.
-    const size_t bytes = args.plan ? workspace_size(args, *args.plan) : workspace_size(args, make_plan(args));
-    if (bytes > 0) {
-      TensorSpec words;
-      words.dtype = DType::i32;
-      words.rank = 1;
-      words.shape[0] = static_cast<int64_t>((bytes + 3) / 4);
-      workspace_obj = allocate_output(allocate, like, words);
-      options.workspace = Workspace{importer.required(workspace_obj, "workspace", true).data, bytes};
-    }
-  }
+  TensorImporter importer_;  // first: the members below are made through it
+  KvCacheArgs args_;
+  CallerFramework framework_;
+  PreparedCall prepared_;
+  Outputs outputs_;
+  RunOptions options_;
+  nb::object out_, lse_, out_accum_, lse_accum_;
+};
 
+// The call. `out` may be None (allocated here).
+nb::object fwd(nb::handle call, nb::handle out, bool return_lse) {
+  const ImportedCall c(call, out, return_lse);
   {
     nb::gil_scoped_release release;
-    flash_attn_with_kvcache(args, outputs, options);
+    c.run();
   }
-  if (!return_lse) return out_obj;
-  return nb::make_tuple(out_obj, lse_obj, out_accum_obj, lse_accum_obj);
+  return c.result(return_lse);
+}
+
+// The C++ library's own time per call for this call (validation, planning, launches; the kernels
+// are not waited for on a GPU): the call is imported and its outputs allocated once, then
+// flash_attn_with_kvcache(args, outputs, options) runs `calls` times from C++, without the GIL.
+// Microseconds per call.
+double native_call_us(nb::handle call, nb::handle out, int calls) {
+  const ImportedCall c(call, out, false);
+  nb::gil_scoped_release release;
+  c.run_from_scratch();  // warm-up
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < calls; ++i) c.run_from_scratch();
+  const std::chrono::duration<double, std::micro> elapsed = std::chrono::steady_clock::now() - start;
+  return elapsed.count() / std::max(calls, 1);
 }
 
 // Output shapes for a call: {"out": (shape, dtype_code), ..., "num_splits": n}.
@@ -234,9 +257,18 @@ NB_MODULE(_kvflash, m) {
   m.doc() = "kvflash's C++ library; use kvflash.flash_attn_interface.";
   nb::register_exception_translator(translate_error);
   bind_plan(m);
-  m.def("fwd", &fwd, nb::arg("call"), nb::arg("out").none(), nb::arg("allocate"),
-        nb::arg("return_lse"), nb::arg("stream"));
+  m.def("fwd", &fwd, nb::arg("call"), nb::arg("out").none(), nb::arg("return_lse"));
+  m.def("native_call_us", &native_call_us, nb::arg("call"), nb::arg("out").none(),
+        nb::arg("calls"));
+  m.def("set_framework_hooks", &set_framework_hooks, nb::arg("allocate"),
+        nb::arg("current_stream"));
   m.def("output_spec", &call_output_spec, nb::arg("call"));
+  m.def("configuration_key",
+        [](nb::handle call) {
+          const std::string key = configuration_key(call);
+          return nb::bytes(key.data(), key.size());
+        },
+        nb::arg("call"));
   m.def("make_plan", &call_make_plan, nb::arg("call"));
   m.def("get_scheduler_metadata", &scheduler_metadata, nb::arg("batch_size"),
         nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("num_heads_q"),
@@ -251,6 +283,18 @@ NB_MODULE(_kvflash, m) {
         nb::arg("lse").none(), nb::arg("stream"));
   m.def("build_backends", &kvflash::build_backends);
   m.def("cuda_available", &kvflash::cuda_available);
+  // A torch tensor as the binding reads it, through "exchange" (None where torch's DLPack
+  // exchange table cannot describe it) or "attributes": (data, dtype, device type, device id,
+  // shape, strides). The tests check that both ways agree.
+  m.def("_torch_view", [](nb::handle tensor, const std::string& via) -> nb::object {
+    const kvflash::OptTensor v = via == "exchange" ? kvflash::python::torch_exchange_view(tensor)
+                                          : kvflash::python::torch_attribute_view(tensor, "tensor");
+    if (!v) return nb::none();
+    return nb::make_tuple(reinterpret_cast<uintptr_t>(v->data), static_cast<int>(v->dtype),
+                          static_cast<int>(v->device.type), v->device.id,
+                          std::vector<int64_t>(v->shape, v->shape + v->rank),
+                          std::vector<int64_t>(v->strides, v->strides + v->rank));
+  });
   m.def("call_field_count", [] { return static_cast<int>(kCallFieldCount); });
   // Raises kvflash::Error(kind, argument, message): lets the tests reach every error kind,
   // including device failures that a CPU-only machine cannot provoke.

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "dlpack_exchange.h"
 #include "kvflash/errors.h"
 
 namespace kvflash::python {
@@ -29,10 +30,6 @@ const Names& names() {
   return *n;
 }
 
-nb::object checked(PyObject* result) {
-  if (!result) throw nb::python_error();
-  return nb::steal(result);
-}
 
 std::string type_name_of(nb::handle obj) { return nb::type_name(obj.type()).c_str(); }
 
@@ -66,11 +63,12 @@ void normalize_empty(TensorView& v) {
   }
 }
 
-// torch's dtype objects are singletons: compare by identity.
-struct TorchTypes {
-  PyTypeObject* tensor = nullptr;
-  PyObject* dtypes[6] = {};  // indexed like kvflash::DType
-};
+}  // namespace
+
+nb::object checked(PyObject* result) {
+  if (!result) throw nb::python_error();
+  return nb::steal(result);
+}
 
 const TorchTypes* torch_types() {
   static TorchTypes* types = nullptr;
@@ -78,7 +76,7 @@ const TorchTypes* torch_types() {
   PyObject* modules = PyImport_GetModuleDict();
   PyObject* torch = PyDict_GetItemString(modules, "torch");  // borrowed; only if already loaded
   if (!torch) return nullptr;
-  auto* t = new TorchTypes();
+  auto* t = new TorchTypes();  // kept for the life of the process, like torch itself
   nb::handle mod(torch);
   t->tensor = reinterpret_cast<PyTypeObject*>(mod.attr("Tensor").inc_ref().ptr());
   const char* dtype_names[6] = {"float32", "float16", "bfloat16", "float8_e4m3fn", "int32",
@@ -87,9 +85,13 @@ const TorchTypes* torch_types() {
     if (PyObject_HasAttrString(torch, dtype_names[i]))
       t->dtypes[i] = mod.attr(dtype_names[i]).inc_ref().ptr();
   }
+  t->empty = mod.attr("empty").inc_ref().ptr();
+  t->empty_like = mod.attr("empty_like").inc_ref().ptr();
   types = t;
   return types;
 }
+
+namespace {
 
 int64_t to_int64(PyObject* o) {
   const long long v = PyLong_AsLongLong(o);
@@ -137,15 +139,19 @@ TensorView torch_view(nb::handle obj, const char* name, const TorchTypes& torch)
   return v;
 }
 
-// numpy arrays of ml_dtypes' bfloat16 / float8_e4m3fn: numpy can export neither through DLPack
-// nor through the buffer protocol, so the binding reads them as same-width unsigned integers.
-std::optional<DType> ml_dtype_of(nb::handle obj) {
+PyTypeObject* numpy_ndarray_type() {
   static PyTypeObject* ndarray_type = nullptr;
   if (!ndarray_type) {
     nb::module_ numpy = nb::module_::import_("numpy");
     ndarray_type = reinterpret_cast<PyTypeObject*>(numpy.attr("ndarray").inc_ref().ptr());
   }
-  if (!PyObject_TypeCheck(obj.ptr(), ndarray_type)) return std::nullopt;
+  return ndarray_type;
+}
+
+// numpy arrays of ml_dtypes' bfloat16 / float8_e4m3fn: numpy can export neither through DLPack
+// nor through the buffer protocol, so the binding reads them as same-width unsigned integers.
+std::optional<DType> ml_dtype_of(nb::handle obj) {
+  if (!PyObject_TypeCheck(obj.ptr(), numpy_ndarray_type())) return std::nullopt;
   const Names& n = names();
   nb::object dtype = checked(PyObject_GetAttr(obj.ptr(), n.dtype));
   nb::object kind = checked(PyObject_GetAttr(dtype.ptr(), n.kind));
@@ -192,10 +198,30 @@ bool is_torch_tensor(nb::handle obj) {
   return torch && PyObject_TypeCheck(obj.ptr(), torch->tensor);
 }
 
+bool is_numpy_array(nb::handle obj) { return PyObject_TypeCheck(obj.ptr(), numpy_ndarray_type()); }
+
+OptTensor torch_exchange_view(nb::handle tensor) {
+  const TorchTypes* torch = torch_types();
+  const DLPackExchangeApi* api = torch ? exchange_api_of(tensor, torch->tensor) : nullptr;
+  if (!api) return std::nullopt;
+  OptTensor v = exchange_view(*api, tensor);
+  if (v) normalize_empty(*v);
+  return v;
+}
+
+TensorView torch_attribute_view(nb::handle tensor, const char* name) {
+  const TorchTypes* torch = torch_types();
+  if (!torch || !PyObject_TypeCheck(tensor.ptr(), torch->tensor)) not_a_tensor(tensor, name);
+  return torch_view(tensor, name, *torch);
+}
+
 OptTensor TensorImporter::optional(nb::handle obj, const char* name, bool writable) {
   if (obj.is_none()) return std::nullopt;
-  if (const TorchTypes* torch = torch_types(); torch && PyObject_TypeCheck(obj.ptr(), torch->tensor))
-    return torch_view(obj, name, *torch);  // the caller's reference keeps it alive
+  if (const TorchTypes* torch = torch_types(); torch && PyObject_TypeCheck(obj.ptr(), torch->tensor)) {
+    // The caller's reference keeps the tensor alive for the call.
+    if (OptTensor v = torch_exchange_view(obj)) return v;
+    return torch_view(obj, name, *torch);
+  }
 
   nb::object source = nb::borrow(obj);
   const std::optional<DType> retype = ml_dtype_of(obj);

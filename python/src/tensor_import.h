@@ -1,8 +1,9 @@
 // Turning Python tensors into kvflash::TensorView without linking any framework.
 //
-// torch tensors are read through their attributes (data_ptr, shape, stride, dtype, device): a
-// few attribute lookups cost far less than torch's Python-level __dlpack__, and this is the
-// per-call path of a decode step. numpy arrays holding ml_dtypes' bfloat16 / float8_e4m3fn
+// torch tensors are read through torch's DLPack C exchange table (dlpack_exchange.h: a C call,
+// no Python) when torch provides it, else through their attributes (data_ptr, shape, stride,
+// dtype, device), which also report the errors in torch's words: either costs far less than
+// torch's Python-level __dlpack__, and this is the per-call path of a decode step. numpy arrays holding ml_dtypes' bfloat16 / float8_e4m3fn
 // (which neither numpy's DLPack nor its buffer protocol can describe) are viewed as unsigned
 // integers of the same width and retyped. Everything else (numpy, CuPy, JAX, ...) goes through
 // nanobind's DLPack / buffer-protocol import.
@@ -33,7 +34,29 @@ class TensorImporter {
   std::vector<nb::object> keep_alive_;
 };
 
+// What kvflash uses of torch, found once torch is loaded (never imported by kvflash).
+struct TorchTypes {
+  PyTypeObject* tensor = nullptr;
+  PyObject* dtypes[6] = {};  // indexed like kvflash::DType; dtype objects are singletons
+  PyObject* empty = nullptr;       // torch.empty
+  PyObject* empty_like = nullptr;  // torch.empty_like
+};
+
+// torch's types when torch is loaded, else nullptr.
+const TorchTypes* torch_types();
+
 // True when `obj` is a torch.Tensor (without importing torch if it is not loaded yet).
 bool is_torch_tensor(nb::handle obj);
+
+// The two ways a torch tensor is read, for the tests that compare them: through torch's DLPack
+// exchange table (nullopt where it cannot say) and through the tensor's attributes.
+OptTensor torch_exchange_view(nb::handle tensor);
+TensorView torch_attribute_view(nb::handle tensor, const char* name);
+
+// The new reference a Python C-API call returned, or its exception thrown.
+nb::object checked(PyObject* result);
+
+// True when `obj` is a numpy.ndarray.
+bool is_numpy_array(nb::handle obj);
 
 }  // namespace kvflash::python

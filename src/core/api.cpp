@@ -241,16 +241,45 @@ size_t workspace_size(const KvCacheArgs& args, const Plan& plan) {
   return core::backend_for(p.device).workspace_size(p, plan);
 }
 
-void flash_attn_with_kvcache(const KvCacheArgs& args, const Outputs& outputs,
-                             const RunOptions& options) {
-  const Problem p = prepare(args);
+struct PreparedCall::State {
+  Problem problem;
+  Backend& backend;
+  Plan plan;
+  OutputSpec spec;
+};
+
+PreparedCall::PreparedCall(const KvCacheArgs& args) {
+  Problem p = prepare(args);
   Backend& backend = core::backend_for(p.device);
-  const Plan plan = plan_for(p);
+  Plan plan = plan_for(p);
+  const OutputSpec spec = spec_for(p, plan.num_splits);
+  state_.reset(new State{std::move(p), backend, std::move(plan), spec});
+}
+
+PreparedCall::~PreparedCall() = default;
+PreparedCall::PreparedCall(PreparedCall&&) noexcept = default;
+PreparedCall& PreparedCall::operator=(PreparedCall&&) noexcept = default;
+
+const OutputSpec& PreparedCall::output_spec() const { return state_->spec; }
+const Plan& PreparedCall::plan() const { return state_->plan; }
+
+size_t PreparedCall::workspace_size() const {
+  return state_->backend.workspace_size(state_->problem, state_->plan);
+}
+
+void PreparedCall::run(const Outputs& outputs, const RunOptions& options) const {
+  const Problem& p = state_->problem;
+  const Plan& plan = state_->plan;
   const Outputs checked = checked_outputs(p, outputs, plan.num_splits);
   if (plan.num_splits > 1 && !checked.out_accum) {
-    check_workspace(options.workspace, backend.workspace_size(p, plan));
+    check_workspace(options.workspace, state_->backend.workspace_size(p, plan));
   }
-  backend.run(p, plan, checked, options);
+  state_->backend.run(p, plan, checked, options);
+}
+
+void flash_attn_with_kvcache(const KvCacheArgs& args, const Outputs& outputs,
+                             const RunOptions& options) {
+  PreparedCall(args).run(outputs, options);
 }
 
 void combine(const TensorView& out_partial, const TensorView& lse_partial, const TensorView& out,

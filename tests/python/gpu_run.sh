@@ -37,7 +37,9 @@ elif ! build $BUILD ON build.log; then
   build $BUILD OFF build-cpu.log || { echo "CPU build failed"; tail -n 30 "$OUT/build-cpu.log"; exit 1; }
 fi
 rm -rf "$BUILD/pkg" && mkdir -p "$BUILD/pkg/kvflash"
-cp python/kvflash/*.py "$BUILD/pkg/kvflash/" && cp "$BUILD"/python/_kvflash*.so "$BUILD/pkg/kvflash/"
+# The whole package (its subpackages too: kvflash.bench has tests here), then the extension.
+cp -r python/kvflash/. "$BUILD/pkg/kvflash/" && rm -rf "$BUILD/pkg/kvflash/__pycache__" &&
+  cp "$BUILD"/python/_kvflash*.so "$BUILD/pkg/kvflash/"
 export PYTHONPATH="$ROOT/$BUILD/pkg${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c "import kvflash; print('backends', kvflash.build_backends(), 'cuda', kvflash.cuda_available())" | tee -a "$OUT/env.txt"
 status=0

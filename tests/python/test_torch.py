@@ -80,6 +80,80 @@ def test_int_cache_seqlens_and_non_contiguous_views():
     run_decode(kw)
 
 
+TENSORS_TO_VIEW = {
+    "bf16": lambda: torch.randn(2, 1, 4, 64, dtype=torch.bfloat16),
+    "size-1 dim with a stride of its own": lambda: torch.randn(2, 3, 4, 64)[:, 1:2],
+    "transposed": lambda: torch.randn(4, 64).t(),
+    "storage offset": lambda: torch.randn(10, 64)[3:],
+    "empty": lambda: torch.empty(0, 4, 64),
+    "0-d": lambda: torch.tensor(3.0),
+    "float8": lambda: torch.randn(4, 8).to(torch.float8_e4m3fn),
+    "int32": lambda: torch.arange(6, dtype=torch.int32),
+    "requires grad": lambda: torch.randn(3, 4, requires_grad=True),
+    "broadcast": lambda: torch.randn(1, 64).expand(5, 64),
+    "float64": lambda: torch.randn(3, dtype=torch.float64),
+    "float16": lambda: torch.randn(3, dtype=torch.float16),
+}
+
+
+@pytest.mark.parametrize("make", TENSORS_TO_VIEW.values(), ids=TENSORS_TO_VIEW.keys())
+def test_exchange_view_equals_attribute_view(make):
+    # The per-call path reads torch tensors through torch's DLPack C exchange table where torch
+    # has one; the attribute path (which also words the errors) must see the same tensor.
+    t = make()
+    by_attributes = kvflash._kvflash._torch_view(t, "attributes")
+    by_exchange = kvflash._kvflash._torch_view(t, "exchange")
+    if hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+        assert by_exchange == by_attributes
+    else:
+        assert by_exchange is None
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: torch.arange(6), "tensor has dtype torch.int64"),
+    (lambda: torch.empty(3, 4, device="meta"), "tensor is on device meta"),
+    (lambda: torch.randn(1, 1, 1, 1, 1, 1, 2), "tensor has 7 dimensions"),
+])
+def test_tensors_the_exchange_cannot_describe_get_torch_worded_errors(make, message):
+    t = make()
+    assert kvflash._kvflash._torch_view(t, "exchange") is None
+    with pytest.raises((TypeError, ValueError), match=message):
+        kvflash._kvflash._torch_view(t, "attributes")
+
+
+def test_outputs_are_plain_row_major_torch_tensors():
+    kw = decode_inputs("cpu", torch.bfloat16)
+    # q row-major but for the stride of its size-1 dim: out is still torch.empty's row-major
+    kw["q"] = torch.randn(3 * 8 * 64, dtype=torch.bfloat16).as_strided((3, 1, 8, 64), (512, 7, 64, 1))
+    out = fai.flash_attn_with_kvcache(**kw)
+    assert type(out) is torch.Tensor and out.is_contiguous() and out.stride() == (512, 512, 64, 1)
+    assert not out.requires_grad and out.data_ptr() != kw["q"].data_ptr()
+    kw["q"] = torch.randn(3, 1, 8, 64, dtype=torch.bfloat16)
+    out, lse, out_accum, lse_accum = fai.flash_attn_with_kvcache(**kw, return_softmax_lse=True)
+    assert out.shape == kw["q"].shape and out.stride() == kw["q"].stride()
+    assert lse.shape == (3, 8, 1) and lse.dtype == torch.float32 and lse.is_contiguous()
+
+
+def test_cache_last_dim_assertions_on_torch_tensors():
+    kw = decode_inputs("cpu", torch.float32)
+    for name in ("k_cache", "v_cache"):
+        strided = {**kw, name: torch.randn(3, 128, 2, 128)[..., ::2]}
+        with pytest.raises(AssertionError, match=f"^{name} must have contiguous last dimension$"):
+            fai.flash_attn_with_kvcache(**strided)
+
+
+def test_the_wrapper_builds_the_call_in_call_args_order(monkeypatch):
+    # flash_attn_with_kvcache writes _call.make's tuple out for speed: the two must agree.
+    from kvflash import _call
+
+    names = list(_call.FIELDS[:-1])
+    values = {name: object() for name in names}
+    seen = []
+    monkeypatch.setattr(fai._ext, "fwd", lambda call, out, return_lse: seen.append(call))
+    fai.flash_attn_with_kvcache(**values)
+    assert seen == [_call.make(*[values[name] for name in names])]
+
+
 def test_forward_only_guard():
     q = torch.randn(1, 4, 2, 32, requires_grad=True)
     k = torch.randn(1, 4, 2, 32)
