@@ -1,0 +1,214 @@
+"""Peers from PyPI, carried to the GPU machine as wheels: FlashInfer (flashinfer-python, kernels
+JIT-compiled with nvcc on first use, or loaded from precompiled AOT modules) and
+FlashAttention-4 (flash-attn-4's flash_attn.cute, CuTe DSL kernels compiled on first call)."""
+
+import threading
+import time
+
+import torch
+
+from .peers import NotRun, Prepared, System, describe
+
+WORKSPACE_BYTES = 256 << 20
+
+
+class FlashInfer(System):
+    """BatchDecodeWithPagedKVCacheWrapper for paged single-token decode,
+    BatchPrefillWithPagedKVCacheWrapper for paged prefill / extend / multi-token decode,
+    BatchPrefillWithRaggedKVCacheWrapper for dense prefill; plan() outside timing. The attention
+    backend is FlashInfer's own choice for the GPU ("auto": fa3 on Hopper). The kernels it needs
+    are built in a background thread from the start of the suite, so their compile time overlaps
+    the other systems' runs; FlashInfer's rows run last (stage 2)."""
+
+    name = "flashinfer"
+    stage = 2
+
+    def __init__(self, device):
+        super().__init__(device)
+        self._built = {}  # module key -> None (ready) or the build error
+        self._build_seconds = {}
+        self._keys = []
+        self._threads = []
+        self._wrappers = {}
+        self._workspace = None
+
+    def unavailable(self):
+        if not self.cuda:
+            return "FlashInfer needs a CUDA device"
+        try:
+            import flashinfer  # noqa: F401
+        except Exception as e:  # noqa: BLE001
+            return f"import flashinfer failed: {describe(e)}"
+        return None
+
+    # --- kernels ---------------------------------------------------------------------------
+
+    def _prefill_backend(self, headdim):
+        from flashinfer.utils import determine_attention_backend
+
+        dtype = torch.bfloat16
+        return determine_attention_backend(torch.device("cuda"), 0, False, False, dtype, dtype,
+                                           head_dim_qk=headdim, head_dim_vo=headdim)
+
+    def _module_key(self, case):
+        if case.page_size and case.seqlen_q == 1:
+            return ("decode", "fa2", case.headdim)
+        return ("prefill", self._prefill_backend(case.headdim), case.headdim)
+
+    def _spec(self, key):
+        from flashinfer.jit.attention.modules import gen_batch_decode_module, gen_batch_prefill_module
+
+        kind, backend, d = key
+        bf16 = torch.bfloat16
+        if kind == "decode":
+            return gen_batch_decode_module(bf16, bf16, bf16, torch.int32, d, d, 0, False, False)
+        return gen_batch_prefill_module(backend, bf16, bf16, bf16, torch.int32, d, d, 0, False, False, False)
+
+    def start(self, cases):
+        """One build thread per kernel module (each nvcc build is a separate ninja run)."""
+        self._keys = list(dict.fromkeys(self._module_key(c) for c in cases))  # in order of first use
+        self._threads = [threading.Thread(target=self._build, args=(key,), daemon=True) for key in self._keys]
+        for thread in self._threads:
+            thread.start()
+
+    def _build(self, key):
+        start = time.perf_counter()
+        try:
+            self._spec(key).build_and_load()
+            self._built[key] = None
+        except Exception as e:  # noqa: BLE001 - recorded per module
+            self._built[key] = describe(e)
+        self._build_seconds[key] = time.perf_counter() - start
+
+    def wait(self, seconds):
+        deadline = time.perf_counter() + max(0.0, seconds)
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.perf_counter()))
+        if any(t.is_alive() for t in self._threads):
+            return "JIT build still running when the time budget ran out"
+        return None
+
+    def setup_report(self):
+        lines = []
+        for key in self._keys:
+            name = f"{self.name} kernel {key[0]} ({key[1]}) d{key[2]}"
+            if key not in self._built:
+                lines.append(f"{name}: still building when the run ended")
+            elif self._built[key] is None:
+                lines.append(f"{name}: built or loaded in {self._build_seconds[key]:.1f} s")
+            else:
+                lines.append(f"{name}: build FAILED after {self._build_seconds[key]:.1f} s: {self._built[key]}")
+        return lines
+
+    # --- calls -----------------------------------------------------------------------------
+
+    def _wrapper(self, cls_name, backend):
+        import flashinfer
+
+        if self._workspace is None:
+            self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+        key = (cls_name, backend)
+        if key not in self._wrappers:
+            cls = getattr(flashinfer, cls_name)
+            kwargs = {} if cls_name == "BatchDecodeWithPagedKVCacheWrapper" else {"backend": backend}
+            self._wrappers[key] = cls(self._workspace, "NHD", **kwargs)
+        return self._wrappers[key]
+
+    def prepare(self, case, inputs):
+        key = self._module_key(case)
+        if key not in self._built:
+            raise NotRun(f"kernel {key} not built: JIT build not finished within the time budget")
+        if self._built[key] is not None:
+            raise RuntimeError(f"JIT build of {key} failed: {self._built[key]}")
+        if not case.page_size:
+            return self._dense_prefill(case, inputs, key[1])
+        if case.seqlen_q == 1:
+            return self._paged_decode(case, inputs)
+        return self._paged_prefill(case, inputs, key[1])
+
+    def _paged_indices(self, case, inputs):
+        b, page = case.batch, case.page_size
+        pages_per_seq = inputs.page_table.shape[1]
+        indptr = torch.arange(b + 1, dtype=torch.int32, device="cuda") * pages_per_seq
+        indices = inputs.page_table.reshape(-1).contiguous()
+        last = torch.full((b,), (case.seqlen_k - 1) % page + 1, dtype=torch.int32, device="cuda")
+        return indptr, indices, last
+
+    def _paged_decode(self, case, inputs):
+        wrapper = self._wrapper("BatchDecodeWithPagedKVCacheWrapper", "fa2")
+        indptr, indices, last = self._paged_indices(case, inputs)
+        wrapper.plan(indptr, indices, last, case.heads, case.heads_k, case.headdim, case.page_size,
+                     q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        q = inputs.q.reshape(case.batch, case.heads, case.headdim)
+        cache = (inputs.k_cache, inputs.v_cache)
+        out = torch.empty_like(q)
+
+        def fn():
+            return wrapper.run(q, cache, out=out)
+
+        return Prepared(fn, lambda o: o.reshape(inputs.q.shape), "decode kernel (no tensor cores), plan() outside timing")
+
+    def _paged_prefill(self, case, inputs, backend):
+        wrapper = self._wrapper("BatchPrefillWithPagedKVCacheWrapper", backend)
+        indptr, indices, last = self._paged_indices(case, inputs)
+        qo_indptr = torch.arange(case.batch + 1, dtype=torch.int32, device="cuda") * case.seqlen_q
+        wrapper.plan(qo_indptr, indptr, indices, last, case.heads, case.heads_k, case.headdim, case.page_size,
+                     causal=case.causal, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        return self._ragged_call(wrapper, case, inputs, (inputs.k_cache, inputs.v_cache), backend)
+
+    def _dense_prefill(self, case, inputs, backend):
+        wrapper = self._wrapper("BatchPrefillWithRaggedKVCacheWrapper", backend)
+        qo_indptr = torch.arange(case.batch + 1, dtype=torch.int32, device="cuda") * case.seqlen_q
+        kv_indptr = torch.arange(case.batch + 1, dtype=torch.int32, device="cuda") * case.seqlen_k
+        wrapper.plan(qo_indptr, kv_indptr, case.heads, case.heads_k, case.headdim, causal=case.causal,
+                     q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        flat = (case.batch * case.seqlen_k, case.heads_k, case.headdim)
+        return self._ragged_call(wrapper, case, inputs, (inputs.k_cache.reshape(flat), inputs.v_cache.reshape(flat)),
+                                 backend)
+
+    def _ragged_call(self, wrapper, case, inputs, kv, backend):
+        q = inputs.q.reshape(case.batch * case.seqlen_q, case.heads, case.headdim)
+        out = torch.empty_like(q)
+        paged = len(kv) == 2 and kv[0].dim() == 4
+
+        def fn():
+            if paged:
+                return wrapper.run(q, kv, out=out)
+            return wrapper.run(q, kv[0], kv[1], out=out)
+
+        return Prepared(fn, lambda o: o.reshape(inputs.q.shape), f"backend {backend}, plan() outside timing")
+
+
+class FlashAttention4(System):
+    """flash_attn.cute (flash-attn-4): flash_attn_func on dense caches, flash_attn_varlen_func
+    with page_table / seqused_k on paged ones. Kernels are compiled by the CuTe DSL on first call
+    (counted in setup, not in the timing)."""
+
+    name = "fa4"
+    stage = 1
+
+    def unavailable(self):
+        if not self.cuda:
+            return "FlashAttention-4 needs a CUDA device"
+        try:
+            from flash_attn.cute import flash_attn_func, flash_attn_varlen_func  # noqa: F401
+        except Exception as e:  # noqa: BLE001
+            return f"import flash_attn.cute failed: {describe(e)}"
+        return None
+
+    def prepare(self, case, inputs):
+        from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+
+        q, k, v, causal = inputs.q, inputs.k_cache, inputs.v_cache, case.causal
+        if case.page_size:
+            seqused, table = inputs.cache_seqlens, inputs.page_table
+
+            def fn():
+                return flash_attn_varlen_func(q, k, v, seqused_k=seqused, page_table=table, causal=causal,
+                                              max_seqlen_q=case.seqlen_q, max_seqlen_k=case.seqlen_k)
+            note = f"flash_attn_varlen_func with page_table (page {case.page_size})"
+        else:
+            def fn():
+                return flash_attn_func(q, k, v, causal=causal)
+            note = "flash_attn_func"
+        return Prepared(fn, lambda o: o[0] if isinstance(o, tuple) else o, note)

@@ -1,0 +1,164 @@
+"""The benchmark driver (python -m kvflash.bench) on the CPU: case generation and filtering, the
+suite loop's rows for systems that agree, disagree, fail or cannot take a case, and the CSV /
+markdown / plot writers. Timings here mean nothing; the structure is what is tested."""
+
+import csv
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kvflash.bench import __main__ as cli  # noqa: E402
+from kvflash.bench import cases as suites  # noqa: E402
+from kvflash.bench.peers import Kvflash, NotRun, Prepared, System  # noqa: E402
+from kvflash.bench.peers_torch import Sdpa  # noqa: E402
+from kvflash.bench.report import Results, markdown, write_csv  # noqa: E402
+from kvflash.bench.runner import Suite  # noqa: E402
+from kvflash.bench.timing import Timer  # noqa: E402
+
+
+class Shifted(System):
+    """SDPA's output plus 0.1: must be reported as a mismatch."""
+
+    name = "shifted"
+
+    def prepare(self, case, inputs):
+        inner = Sdpa("cpu", "math").prepare(case, inputs)
+        return Prepared(lambda: inner.fn() + 0.1, inner.to_common, "shifted by 0.1")
+
+
+class Broken(System):
+    name = "broken"
+
+    def prepare(self, case, inputs):
+        if case.kind == "decode":
+            raise NotRun("no decode here")
+        raise ValueError("planted failure")
+
+
+class LateSdpa(Sdpa):
+    """SDPA in stage 2 with a background start(), as FlashInfer runs."""
+
+    stage = 2
+
+    def __init__(self):
+        super().__init__("cpu", "math")
+        self.name = "late-sdpa"
+        self.started_with = None
+
+    def start(self, cases):
+        self.started_with = len(cases)
+
+
+def test_suites_have_the_issue_shapes():
+    default = suites.default_suite(9 << 30)
+    names = [c.name for c in default]
+    assert len(names) == len(set(names))
+    decode = [c for c in default if c.kind == "decode"]
+    assert {c.batch for c in decode} == {1, 8, 32, 64, 128}
+    assert {c.seqlen_k for c in decode} == {1024, 8192, 32768, 131072}
+    assert {c.seqlen_q for c in decode} == {1, 4}
+    assert {(c.heads, c.heads_k) for c in decode} == {(32, 8), (8, 1), (64, 8)}
+    assert all(c.kv_bytes() <= 9 << 30 for c in decode)
+    prefill = [c for c in default if c.kind == "prefill"]
+    assert {c.headdim for c in prefill} == {64, 128, 256}
+    assert {c.page_size for c in prefill} == {0, 16, 64}
+    assert all(c.batch * c.seqlen_q == 16384 for c in prefill)
+    assert any(c.kind == "extend" and c.seqlen_k > 4 * c.seqlen_q for c in default)
+    assert len(suites.quick_suite(9 << 30)) < len(default) // 4
+
+
+def test_case_arithmetic_and_filter():
+    causal = suites.Case("extend", 1, 4, 10, 2, 1, 8, True, 16)
+    # bottom-right causal: rows see 7, 8, 9, 10 keys
+    assert causal.visible_pairs() == 7 + 8 + 9 + 10
+    assert causal.flops() == 4 * 2 * 8 * 34
+    full = suites.Case("prefill", 2, 5, 5, 2, 2, 8, False, 0)
+    assert full.visible_pairs() == 25
+    assert full.kv_bytes() == 2 * 2 * 5 * 2 * 8 * 2
+    tiny = suites.tiny_suite()
+    assert [c.kind for c in suites.select(tiny, "^decode")] == ["decode", "decode"]
+    assert len(suites.select(tiny, "decode b2 q4,extend")) == 2
+    assert suites.select(tiny, "") == tiny
+
+
+def test_suite_rows_checks_and_outputs(tmp_path):
+    cases = suites.select(suites.tiny_suite(), "decode b2 q4,prefill b1 q64 k64 .* p16")
+    systems = [Kvflash("cpu"), Sdpa("cpu", "math"), Shifted("cpu"), Broken("cpu")]
+    timer = Timer("cpu", min_reps=2, max_reps=2, warmup=0)
+    rows = Suite(cases, systems, timer, "cpu", budget_s=60, not_run={"fa4": "x"}, log=lambda _: None).run()
+    status = {(r.case.kind, r.system): r for r in rows}
+    assert len(rows) == len(cases) * len(systems)
+    for kind in ("decode", "prefill"):
+        assert status[(kind, "kvflash")].status == "ok"
+        assert status[(kind, "sdpa-math")].status == "ok", status[(kind, "sdpa-math")].note
+        assert status[(kind, "sdpa-math")].max_abs_diff <= 0.02
+        assert status[(kind, "shifted")].status == "mismatch"
+        assert status[(kind, "shifted")].max_abs_diff > 0.05
+    assert status[("decode", "broken")].status == "not run"
+    assert status[("prefill", "broken")].status == "error"
+    assert "planted failure" in status[("prefill", "broken")].note
+
+    meta = dict(commit="abc", gpu="cpu", date="today", versions="v", command="cmd", method="m", build=[],
+                copy_bytes_per_s=1e10, matmul_flops_per_s=1e11, copy_what="c", matmul_what="m")
+    results = Results(rows, meta)
+    path = tmp_path / "results.csv"
+    write_csv(results, path)
+    with open(path) as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(rows)
+    kv_row = next(r for r in table if r["system"] == "kvflash" and r["kind"] == "decode")
+    assert kv_row["best_peer"] == "sdpa-math"  # the shifted peer disagreed: never the best
+    assert float(kv_row["gb_per_s"]) > 0 and kv_row["commit"] == "abc"
+    text = markdown(results)
+    assert "### decode" in text and "### prefill" in text
+    assert "**MISMATCH**" in text and "planted failure" in text and "no decode here" in text
+
+
+def test_cli_dry_run_writes_everything(tmp_path, capsys):
+    out = tmp_path / "out"
+    code = cli.main(["--device", "cpu", "--tiny", "--cases", "decode b2 q1", "--peers", "kvflash,sdpa-math,flashinfer",
+                     "--not-run", "fa4=wheel too large", "--min-reps", "2", "--max-reps", "2", "--out", str(out)])
+    assert code == 0
+    files = set(os.listdir(out))
+    assert {"results.csv", "results.md"} <= files
+    printed = capsys.readouterr().out
+    assert "| decode b2 q1 k96 h4/2 d64 causal p16 |" in printed
+    assert "FlashInfer needs a CUDA device" in printed
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert "decode.png" in files
+
+
+def test_cli_list_and_bad_peer(capsys):
+    assert cli.main(["--list", "--quick"]) == 0
+    assert "cases" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main(["--device", "cpu", "--tiny", "--peers", "nonesuch"])
+
+
+def test_stages_reference_and_budget():
+    cases = suites.select(suites.tiny_suite(), "decode b2 q1,extend")
+    late = LateSdpa()
+    timer = Timer("cpu", min_reps=2, max_reps=2, warmup=0)
+    rows = Suite(suites.run_order(cases), [Kvflash("cpu"), late], timer, "cpu", budget_s=60, log=lambda _: None).run()
+    assert late.started_with == len(cases)
+    late_rows = [r for r in rows if r.system == "late-sdpa"]
+    assert [r.status for r in late_rows] == ["ok", "ok"]
+    assert all(r.reference == "kvflash" and r.max_abs_diff <= 0.02 for r in late_rows)
+    assert rows.index(late_rows[0]) > max(rows.index(r) for r in rows if r.system == "kvflash")
+
+    starved = Suite(cases, [Kvflash("cpu"), late], timer, "cpu", budget_s=0, log=lambda _: None).run()
+    assert {r.status for r in starved} == {"not run"}
+    assert all("time budget" in r.note for r in starved)
+
+
+def test_run_order_puts_one_case_of_each_group_first():
+    cases = suites.default_suite(9 << 30)
+    ordered = suites.run_order(cases)
+    assert sorted(ordered, key=cases.index) == cases
+    groups = list(dict.fromkeys(c.group for c in cases))
+    assert [c.group for c in ordered[:len(groups)]] == groups
