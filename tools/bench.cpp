@@ -31,6 +31,7 @@ struct BenchConfig {
   AttentionShape shape;
   int64_t page_size = 16;
   int num_splits = 0;  // the call's num_splits: 0 = the planner's heuristic
+  bool causal = true;  // prefill rows: causal (bottom-right) or every key visible
   int threads = 0;
   std::string device = "auto";
   int repeats = 7;
@@ -67,6 +68,7 @@ BenchConfig parse_bench_config(Options& options) {
   c.page_size = options.integer("page-size", c.page_size, 1, 1 << 16);
   c.threads = int(options.integer("threads", 0, 0, 4096));
   c.num_splits = int(options.integer("num-splits", 0, 0, 256));
+  c.causal = !options.flag("non-causal");
   c.device = options.text("device", c.device);
   c.repeats = int(options.integer("repeats", c.repeats, 1, 1000));
   c.warmup = int(options.integer("warmup", c.warmup, 0, 1000));
@@ -109,7 +111,7 @@ class AttendOnlyCall {
  public:
   AttendOnlyCall(DeviceMemory& memory, const AttentionShape& s, int64_t batch, int64_t seqlen_q,
                  int64_t context, const PagedLayout& layout, const HostTensor& page_table,
-                 int num_splits, std::mt19937_64& rng) {
+                 int num_splits, bool causal, std::mt19937_64& rng) {
     k_cache_ = DeviceTensor(memory, s.dtype, {layout.num_pages, layout.page_size, s.kv_heads, s.head_dim});
     v_cache_ = DeviceTensor(memory, s.dtype, {layout.num_pages, layout.page_size, s.kv_heads, s.head_dim_v});
     fill_repeating(memory, k_cache_, rng);
@@ -125,7 +127,7 @@ class AttendOnlyCall {
     args_.v_cache = v_cache_.view();
     args_.page_table = page_table_.view();
     args_.cache_seqlens = seqlens_.view();
-    args_.causal = true;
+    args_.causal = causal;
     args_.num_splits = num_splits;
     outputs_.out = out_.view();
     plan_ = make_plan(args_);
@@ -176,14 +178,14 @@ BenchRow bench_shape(DeviceMemory& memory, const BenchConfig& config, DType dtyp
   const PagedLayout layout = make_paged_layout(batch, context, config.page_size, rng);
   const HostTensor page_table = layout.page_table();
   AttentionWork work;
-  for (int64_t b = 0; b < batch; ++b) work += causal_work(shape, seqlen_q, context);
+  for (int64_t b = 0; b < batch; ++b) work += attention_work(shape, seqlen_q, context, config.causal);
   // Enough independent caches ("layers") that one pass reads min_working_set bytes: a model's
   // layers each have their own cache, so decode streams from memory, not from the last level cache.
   const int64_t layers = std::max<int64_t>(1, int64_t(std::ceil(double(min_working_set) / work.kv_bytes)));
   std::vector<std::unique_ptr<AttendOnlyCall>> calls;
   for (int64_t l = 0; l < layers; ++l) {
     calls.push_back(std::make_unique<AttendOnlyCall>(memory, shape, batch, seqlen_q, context, layout,
-                                                     page_table, config.num_splits, rng));
+                                                     page_table, config.num_splits, config.causal, rng));
   }
   RunOptions options;
   options.num_threads = config.threads;
@@ -277,9 +279,10 @@ int bench_command(Options& options) {
   options.reject_unused();
   std::unique_ptr<DeviceMemory> memory = make_device_memory(config.device, config.threads);
   const std::string device = memory->description();
-  std::printf("kvflash bench: %s | %lld/%lld heads, head dim %lld, page %lld\n", device.c_str(),
+  std::printf("kvflash bench: %s | %lld/%lld heads, head dim %lld, page %lld, %s\n", device.c_str(),
               (long long)config.shape.heads, (long long)config.shape.kv_heads,
-              (long long)config.shape.head_dim, (long long)config.page_size);
+              (long long)config.shape.head_dim, (long long)config.page_size,
+              config.causal ? "causal" : "non-causal");
   std::fflush(stdout);
 
   Ceilings ceilings;

@@ -22,12 +22,14 @@ commands:
             --verify-sequences 4 --verify-rows 4
   check   N random calls drawn over the whole contract, each compared with the oracle.
             --cases 200 --seed 1 --threads 0 --verbose --coverage
-  bench   decode and prefill sweeps beside the machine's ceilings (memory-read bandwidth,
-          fp32 GEMM); prints a table and writes CSV or JSON.
+  bench   decode and prefill sweeps beside the device's ceilings measured in the same run (CPU:
+          memory read, fp32 GEMM; CUDA: device copy, bf16 cuBLAS GEMM; calls planned beforehand,
+          CUDA passes replayed as graphs); prints a table and writes CSV or JSON.
             --batch 1,8,16 --context 1024,4096,16384 --prefill 512,2048,4096 (or none)
             --dtype bf16,fp16 --heads 32 --kv-heads 8 --head-dim 128 --page-size 16
             --threads 0 --device auto|cpu|cuda --num-splits 0 (heuristic) --repeats 7
             --warmup 2 --min-working-set-mib 1024 --bandwidth-mib 3072 --format csv|json --out FILE
+            --non-causal (prefill rows see every key; default causal)
             --quick (a small grid, for a smoke test))";
 
 }  // namespace

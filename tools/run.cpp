@@ -192,7 +192,7 @@ void ServingRun::prefill() {
   prefill_.seconds = timed_call(args, out_only(out));
   prefill_.tokens = total;
   for (int64_t b = 0; b < config_.batch; ++b) {
-    prefill_.work += causal_work(s, prompts_[b], prompts_[b]);
+    prefill_.work += attention_work(s, prompts_[b], prompts_[b], true);
     lengths_[size_t(b)] = prompts_[b];
   }
   if (config_.verify_every == 0) return;
@@ -247,7 +247,7 @@ void ServingRun::decode() {
 
     decode_.seconds += timed_call(args, out_only(out));
     decode_.tokens += batch;
-    for (int64_t b = 0; b < batch; ++b) decode_.work += causal_work(s, 1, lengths_[size_t(b)] + 1);
+    for (int64_t b = 0; b < batch; ++b) decode_.work += attention_work(s, 1, lengths_[size_t(b)] + 1, true);
 
     if (verify_step) {
       const HostTensor k_after = k_cache_.download(), v_after = v_cache_.download();

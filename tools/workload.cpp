@@ -35,11 +35,12 @@ AttentionWork& AttentionWork::operator+=(const AttentionWork& other) {
   return *this;
 }
 
-AttentionWork causal_work(const AttentionShape& shape, int64_t queries, int64_t keys) {
+AttentionWork attention_work(const AttentionShape& shape, int64_t queries, int64_t keys, bool causal) {
   const double element = double(dtype_size(shape.dtype));
-  // Query row i (of `queries`) sees keys - queries + i + 1 keys.
+  // Causal: query row i (of `queries`) sees keys - queries + i + 1 keys.
   const double visible_pairs =
-      double(queries) * double(keys - queries) + double(queries) * double(queries + 1) / 2.0;
+      causal ? double(queries) * double(keys - queries) + double(queries) * double(queries + 1) / 2.0
+             : double(queries) * double(keys);
   AttentionWork work;
   work.kv_bytes = double(keys) * double(shape.kv_heads) *
                   double(shape.head_dim + shape.head_dim_v) * element;

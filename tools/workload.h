@@ -39,7 +39,8 @@ struct AttentionWork {
   AttentionWork& operator+=(const AttentionWork& other);
 };
 
-// `queries` consecutive query rows at the end of a sequence of `keys` keys, causal (bottom-right).
-AttentionWork causal_work(const AttentionShape& shape, int64_t queries, int64_t keys);
+// `queries` consecutive query rows at the end of a sequence of `keys` keys, causal (bottom-right)
+// or each row seeing every key.
+AttentionWork attention_work(const AttentionShape& shape, int64_t queries, int64_t keys, bool causal);
 
 }  // namespace kvflash::tools
