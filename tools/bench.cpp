@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -65,7 +66,7 @@ BenchConfig parse_bench_config(Options& options) {
   c.shape.kv_heads = options.integer("kv-heads", c.shape.kv_heads, 1, 1024);
   c.shape.head_dim = options.integer("head-dim", c.shape.head_dim, 8, 512);
   c.shape.head_dim_v = c.shape.head_dim;
-  c.page_size = options.integer("page-size", c.page_size, 1, 1 << 16);
+  c.page_size = options.integer("page-size", c.page_size, 0, 1 << 16);  // 0: dense cache
   c.threads = int(options.integer("threads", 0, 0, 4096));
   c.num_splits = int(options.integer("num-splits", 0, 0, 256));
   c.causal = !options.flag("non-causal");
@@ -104,13 +105,14 @@ struct Ceilings : DeviceCeilings {
   double load_before = -1;  // 1-minute load average when the run began
 };
 
-// One cache's worth of tensors for a call that only attends (no new K/V): the cache pages are
+// One cache's worth of tensors for a call that only attends (no new K/V), paged or (no page
+// table) dense with one "page" of `context` rows per sequence: the cache pages are
 // filled with a repeating random block (what they hold does not change the speed; filling
 // gigabytes element by element would).
 class AttendOnlyCall {
  public:
   AttendOnlyCall(DeviceMemory& memory, const AttentionShape& s, int64_t batch, int64_t seqlen_q,
-                 int64_t context, const PagedLayout& layout, const HostTensor& page_table,
+                 int64_t context, const PagedLayout& layout, const HostTensor* page_table,
                  int num_splits, bool causal, std::mt19937_64& rng) {
     k_cache_ = DeviceTensor(memory, s.dtype, {layout.num_pages, layout.page_size, s.kv_heads, s.head_dim});
     v_cache_ = DeviceTensor(memory, s.dtype, {layout.num_pages, layout.page_size, s.kv_heads, s.head_dim_v});
@@ -119,13 +121,13 @@ class AttendOnlyCall {
     HostTensor q(s.dtype, {batch, seqlen_q, s.heads, s.head_dim});
     q.fill_uniform(rng, 1.0);
     q_ = to_device(memory, q);
-    page_table_ = to_device(memory, page_table);
+    if (page_table) page_table_ = to_device(memory, *page_table);
     seqlens_ = to_device(memory, int32_tensor(std::vector<int32_t>(size_t(batch), int32_t(context))));
     out_ = DeviceTensor(memory, s.dtype, {batch, seqlen_q, s.heads, s.head_dim_v});
     args_.q = q_.view();
     args_.k_cache = k_cache_.view();
     args_.v_cache = v_cache_.view();
-    args_.page_table = page_table_.view();
+    if (page_table) args_.page_table = page_table_.view();
     args_.cache_seqlens = seqlens_.view();
     args_.causal = causal;
     args_.num_splits = num_splits;
@@ -175,8 +177,11 @@ BenchRow bench_shape(DeviceMemory& memory, const BenchConfig& config, DType dtyp
                      const Ceilings& ceilings, std::mt19937_64& rng) {
   AttentionShape shape = config.shape;
   shape.dtype = dtype;
-  const PagedLayout layout = make_paged_layout(batch, context, config.page_size, rng);
-  const HostTensor page_table = layout.page_table();
+  const bool dense = config.page_size == 0;
+  const PagedLayout layout = dense ? PagedLayout{context, 1, batch, {}}
+                                   : make_paged_layout(batch, context, config.page_size, rng);
+  std::optional<HostTensor> page_table;
+  if (!dense) page_table = layout.page_table();
   AttentionWork work;
   for (int64_t b = 0; b < batch; ++b) work += attention_work(shape, seqlen_q, context, config.causal);
   // Enough independent caches ("layers") that one pass reads min_working_set bytes: a model's
@@ -185,7 +190,7 @@ BenchRow bench_shape(DeviceMemory& memory, const BenchConfig& config, DType dtyp
   std::vector<std::unique_ptr<AttendOnlyCall>> calls;
   for (int64_t l = 0; l < layers; ++l) {
     calls.push_back(std::make_unique<AttendOnlyCall>(memory, shape, batch, seqlen_q, context, layout,
-                                                     page_table, config.num_splits, config.causal, rng));
+                                                     page_table ? &*page_table : nullptr, config.num_splits, config.causal, rng));
   }
   RunOptions options;
   options.num_threads = config.threads;

@@ -29,7 +29,7 @@ commands:
             --dtype bf16,fp16 --heads 32 --kv-heads 8 --head-dim 128 --page-size 16
             --threads 0 --device auto|cpu|cuda --num-splits 0 (heuristic) --repeats 7
             --warmup 2 --min-working-set-mib 1024 --bandwidth-mib 3072 --format csv|json --out FILE
-            --non-causal (prefill rows see every key; default causal)
+            --non-causal (prefill rows see every key; default causal), --page-size 0 (dense cache)
             --quick (a small grid, for a smoke test))";
 
 }  // namespace
