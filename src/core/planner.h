@@ -28,9 +28,11 @@ void check_plan(const Plan& plan, const Problem& p);
 // FA3's int32 scheduler_metadata tensor, passed back: dtype, device and length must match the
 // layout this call needs. `values` are its entries in host memory (the tensor's own data when it
 // lives on the host, a copy in checked mode), each checked; returns the Plan they encode. With
-// values == nullptr (device memory, unchecked) the entries are not read: the static decisions
-// come from this problem's key and the backend recomputes the per-batch vectors on the device,
-// so whatever the tensor holds cannot steer a kernel outside its tensors.
+// values == nullptr (device memory, unchecked) the entries are not read here: the static
+// decisions come from this problem's key, and the CUDA kernels read the per-sequence split
+// counts at the tensor's start clamped to [1, num_splits] (attention and combine alike, so any
+// value partitions the keys consistently), so whatever it holds cannot steer a kernel outside
+// its tensors or change the result.
 Plan plan_from_metadata(const TensorView& metadata, const Problem& p, const int32_t* values);
 // The entries read in place when the tensor is in host memory, not read when on a device.
 inline Plan plan_from_metadata(const TensorView& metadata, const Problem& p) {

@@ -267,7 +267,7 @@ void run_typed(const core::Problem& p, const Plan& plan, const Outputs& outputs,
     at.rule.group = plan.pack_gqa ? p.group : 1;
     at.rule.heads = core::scheduled_heads(plan);
     at.rule.num_sms = core::usable_sms(plan.key);
-    if (a.scheduler_metadata) {  // FA3's layout starts with the per-batch splits
+    if (a.scheduler_metadata) {  // FA3's layout starts with the per-batch splits (read clamped)
       at.splits_per_batch = a.scheduler_metadata->ptr<const int32_t>();
     } else if (p.batch == 1) {
       at.splits_alone = true;  // no prepare kernel: the kernels compute the one sequence's splits
