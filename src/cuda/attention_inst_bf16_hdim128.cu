@@ -1,5 +1,5 @@
-// One attention instantiation (bf16, head dims 128 / 128); see attention_kernel.cuh.
-#include "cuda/attention_kernel.cuh"
+// One attention instantiation (bf16, head dims 128 / 128); see attention_launch.cuh.
+#include "cuda/attention_launch.cuh"
 
 namespace kvflash::cuda {
 template void launch_attention<__nv_bfloat16, 128, 128>(const AttentionParams&, cudaStream_t);

@@ -1,5 +1,5 @@
-// One attention instantiation (fp16, head dims 192 / 128); see attention_kernel.cuh.
-#include "cuda/attention_kernel.cuh"
+// One attention instantiation (fp16, head dims 192 / 128); see attention_launch.cuh.
+#include "cuda/attention_launch.cuh"
 
 namespace kvflash::cuda {
 template void launch_attention<__half, 192, 128>(const AttentionParams&, cudaStream_t);

@@ -1,11 +1,11 @@
-// The portable (sm80+) attention forward kernel: FA2-style, tensor cores through mma.sync m16n8k16.
+// The portable (sm80+) attention forward kernel for many query rows (prefill, extend): FA2-style,
+// tensor cores through mma.sync m16n8k16. Calls with at most 16 packed query rows per KV head use
+// the decode kernel (decode_kernel.cuh) instead.
 //
 // A CTA owns kBlockM packed query rows (the query heads sharing KV head hk, packed row-major as
 // (query index, head in group)) of one batch element and one split, and walks the split's key
-// blocks with an online softmax. Warps form a kWarpsM x kWarpsN grid: each warp row owns
-// kWarpRows (16 or 32) query rows, and the kWarpsN warps of a row take disjoint key slices of
-// every block (kWarpsN > 1 is the decode shape: few query rows, many keys); their softmax states
-// merge in the epilogue.
+// blocks with an online softmax. Each warp owns kWarpRows (16 or 32) query rows and every key of
+// a block.
 //
 // Loads are cp.async with zero fill: K / V rows outside the CTA's key range, at a bad page id or
 // beyond the real head dim are never read, so NaN in unused cache slots cannot reach the output,
@@ -15,37 +15,30 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <string>
 
 #include "core/mask.h"
 #include "core/tile_size.h"
-#include "kvflash/errors.h"
+#include "cuda/cta_work.cuh"
 #include "cuda/lengths.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/params.h"
-#include "cuda/split_rule.cuh"
 
 namespace kvflash::cuda {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
 // kMTiles: m16 tiles (16 query rows each) per warp. Two let every K / V fragment read from shared
 // memory feed two mma instead of one, halving shared-memory traffic per mma (FA2's layout).
-template <class Elem_, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kWarpsN_,
-          int kMinBlocks_ = 1, int kMTiles_ = 1>
+template <class Elem_, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kMinBlocks_,
+          int kMTiles_>
 struct AttentionTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
-  static constexpr int kWarpsN = kWarpsN_;
   static constexpr int kMTiles = kMTiles_;
   static constexpr int kWarpRows = 16 * kMTiles;
   static constexpr int kWarpsM = kBlockM / kWarpRows;
-  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
-  static constexpr int kWarpKeys = kBlockN / kWarpsN;
+  static constexpr int kThreads = 32 * kWarpsM;
   // Rows padded by 16 bytes so ldmatrix over 8 consecutive rows hits 8 different bank groups.
   static constexpr int kQStride = kHeadDim + 8;
   static constexpr int kVStride = kHeadDimV + 8;
@@ -58,16 +51,16 @@ struct AttentionTraits {
   static constexpr int kStages = kQBytes + 2 * kStageBytes <= 160 * 1024 ? 2 : 1;
   static constexpr int kTileBytes = kQBytes + kStages * kStageBytes;
   static constexpr int kEpilogueBytes = kBlockM * kOStride * 4;
-  // Row max and sum per warp column, LSE, and each row's visible key range [lo, hi) (rounded to
-  // 16 bytes: the row sources after them are read 16 bytes at a time).
-  static constexpr int kStatsBytes = (2 * kWarpsN * kBlockM * 4 + kBlockM * 4 + kBlockM * 8 + 15) / 16 * 16;
+  // Each row's LSE and visible key range [lo, hi) (rounded to 16 bytes: the row sources after
+  // them are read 16 bytes at a time).
+  static constexpr int kStatsBytes = (kBlockM * 4 + kBlockM * 8 + 15) / 16 * 16;
   // Sources of the K and V rows of two key blocks (the one loading and the next), so the paged
   // address of a row is computed once per block, not once per 16-byte copy.
   static constexpr int kRowSourceBytes = 2 * 2 * kBlockN * 16;
   static constexpr int kSmemBytes =
       (kTileBytes > kEpilogueBytes ? kTileBytes : kEpilogueBytes) + kStatsBytes + kRowSourceBytes;
   static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0, "head dims are multiples of 16");
-  static_assert(kBlockM % kWarpRows == 0 && kWarpKeys % 16 == 0, "tiles are whole mma steps");
+  static_assert(kBlockM % kWarpRows == 0 && kBlockN % 16 == 0, "tiles are whole mma steps");
 };
 
 // Where a tile row comes from: a valid global address, and whether to copy it (else zero fill,
@@ -112,96 +105,33 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
   Elem* sV = sK + T::kStages * T::kBlockN * T::kQStride;  // [kStages][kBlockN][kVStride]
   float* sO = reinterpret_cast<float*>(smem_raw);
   const int stats_offset = T::kTileBytes > T::kEpilogueBytes ? T::kTileBytes : T::kEpilogueBytes;
-  float* sM = reinterpret_cast<float*>(smem_raw + stats_offset);  // [kWarpsN][kBlockM]
-  float* sL = sM + T::kWarpsN * T::kBlockM;
-  float* sLse = sL + T::kWarpsN * T::kBlockM;                    // [kBlockM]
-  int2* sRowKeys = reinterpret_cast<int2*>(sLse + T::kBlockM);   // [kBlockM]
+  float* sLse = reinterpret_cast<float*>(smem_raw + stats_offset);  // [kBlockM]
+  int2* sRowKeys = reinterpret_cast<int2*>(sLse + T::kBlockM);       // [kBlockM]
   auto* sRowK = reinterpret_cast<RowSource<Elem>*>(smem_raw + stats_offset + T::kStatsBytes);  // [2][kBlockN]
   auto* sRowV = sRowK + 2 * T::kBlockN;                                                      // [2][kBlockN]
 
   // Last query block first: with causal masks it has the most keys, and launching the longest
   // CTAs first leaves short ones for the tail of the grid.
   const int m_block = gridDim.x - 1 - blockIdx.x;
+  launch_dependents();  // the combine's CTAs may start their prologue now
   const int hk = blockIdx.y;
-  // This CTA's (sequence, split) column: the prepare kernel's list (only the splits the lengths
-  // need are launched), or z = b * num_splits + split.
-  int b = blockIdx.z / p.num_splits;
-  int split = blockIdx.z - b * p.num_splits;
-  int splits_b = p.num_splits;
-  if (p.split_work) {
-    const SplitWork work = p.split_work[blockIdx.z];
-    if (work.batch < 0 || work.batch >= p.len.batch) return;  // an unused column
-    b = work.batch, split = work.split, splits_b = work.num_splits;
-  } else if (p.splits_per_batch) {
-    splits_b = p.splits_per_batch[b];
-  }
-  const SeqLens seq = seq_lens(p.len, b);
-  if (p.splits_alone) splits_b = splits_alone(p.rule, seq.seqlen_q, seq.seqlen_k, p.num_splits);
-  splits_b = clamp_int(splits_b, 1, p.num_splits);
-  // Beyond the element's splits: nothing to write when the combine reads only the used ones.
-  if (p.single_split_writes_out && split >= splits_b) return;
+  CtaColumn col;
+  if (!cta_column(p, blockIdx.z, col)) return;
+  const SeqLens& seq = col.seq;
   const int packed_rows = seq.seqlen_q * p.group;
   const int row0 = m_block * T::kBlockM;
   if (row0 >= packed_rows) return;
-
-  // Keys this CTA may need: the union of its rows' visible ranges within its split.
-  const int last_row = min(row0 + T::kBlockM, packed_rows) - 1;
-  const core::KeyRange first_vis = core::visible_keys(row0 / p.group, seq.seqlen_q, seq.seqlen_k,
-                                                      p.window_left, p.window_right, p.attention_chunk);
-  const core::KeyRange last_vis = core::visible_keys(last_row / p.group, seq.seqlen_q, seq.seqlen_k,
-                                                     p.window_left, p.window_right, p.attention_chunk);
-  const core::KeyRange split_range = core::split_keys(split, splits_b, seq.seqlen_k, p.split_block_n);
-  const int n_lo = max(first_vis.lo, split_range.lo);
-  const int n_hi = min(last_vis.hi, split_range.hi);
-
-  // Writes rows of this CTA: out (or the split's partial, see single_split_writes_out) from
-  // value(r, c) -> float4 of channels c..c+3, and the LSE from lse(r); rows past the sequence are
-  // skipped.
-  auto store_rows = [&](auto value, auto lse) {
-    const bool partial = p.num_splits > 1 && (splits_b > 1 || !p.single_split_writes_out);
-    const int dv_quads = p.headdim_v / 4;
-    const int64_t out_batch = p.len.cu_seqlens_q.data ? 0 : b;
-    for (int e = threadIdx.x; e < T::kBlockM * dv_quads; e += T::kThreads) {
-      const int r = e / dv_quads;
-      const int c = (e - r * dv_quads) * 4;
-      const int idx = row0 + r;
-      if (idx >= packed_rows) continue;
-      const int i = idx / p.group;
-      const int head = hk * p.group + (idx - i * p.group);
-      const int64_t token = seq.q_offset + i;
-      const float4 v = value(r, c);
-      if (partial) {
-        float* dst = p.out_partial + split * p.op_split_stride + out_batch * p.op_batch_stride +
-                     token * p.op_token_stride + head * p.op_head_stride + c;
-        dst[0] = v.x; dst[1] = v.y; dst[2] = v.z; dst[3] = v.w;
-      } else {
-        Elem* dst = static_cast<Elem*>(p.out.data) + out_batch * p.out.batch_stride +
-                    token * p.out.token_stride + head * p.out.head_stride + c;
-        uint2 packed;
-        packed.x = pack2<Elem>(v.x, v.y);
-        packed.y = pack2<Elem>(v.z, v.w);
-        *reinterpret_cast<uint2*>(dst) = packed;
-      }
-      if (c == 0) {
-        if (partial) {
-          p.lse_partial[split * p.lp_split_stride + out_batch * p.lp_batch_stride +
-                        token * p.lp_token_stride + head * p.lp_head_stride] = lse(r);
-        } else if (p.lse) {
-          p.lse[out_batch * p.lse_batch_stride + token * p.lse_token_stride + head * p.lse_head_stride] = lse(r);
-        }
-      }
-    }
-  };
-  // No key and no sink (most CTAs of an unused split): out 0, LSE -inf, no shared memory.
-  const bool add_sink = (p.sinks_f32 || p.sinks_bf16) && split == 0;
-  if (n_lo >= n_hi && !add_sink) {
-    store_rows([](int, int) { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }, [](int) { return -INFINITY; });
+  const core::KeyRange cta_range = cta_keys(p, col, row0, min(row0 + T::kBlockM, packed_rows) - 1);
+  const int n_lo = cta_range.lo, n_hi = cta_range.hi;
+  const bool add_sink = adds_sink(p, col);
+  const RowDestination dst_rows(p, col);
+  if (n_lo >= n_hi && !add_sink) {  // most CTAs of an unused split: no shared memory touched
+    store_empty_rows<Elem>(p, dst_rows, hk, row0, T::kBlockM);
     return;
   }
 
   const int tid = threadIdx.x;
-  const int warp = tid / 32, lane = tid % 32;
-  const int wm = warp % T::kWarpsM, wn = warp / T::kWarpsM;
+  const int wm = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   constexpr int kMT = T::kMTiles;
   // CTA row of this thread's half h (rows g and g + 8) of its warp's m16 tile mt.
@@ -215,19 +145,18 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int idx = row0 + warp_row(mt, h);
-      const core::KeyRange vis = core::visible_keys(idx / p.group, seq.seqlen_q, seq.seqlen_k,
-                                                    p.window_left, p.window_right, p.attention_chunk);
+      const core::KeyRange vis = row_keys(p, seq, idx);
       const bool row_ok = idx < packed_rows;
       const int lo = max(vis.lo, n_lo);
       const int hi = row_ok ? min(vis.hi, n_hi) : lo;
-      if (wn == 0 && t == 0) sRowKeys[warp_row(mt, h)] = make_int2(lo, hi);
+      if (t == 0) sRowKeys[warp_row(mt, h)] = make_int2(lo, hi);
       full_lo = max(full_lo, lo);
       full_hi = min(full_hi, hi);
     }
   }
 
   const Elem* q_base = static_cast<const Elem*>(p.q.data);
-  const int64_t q_batch = p.len.cu_seqlens_q.data ? 0 : int64_t(b) * p.q.batch_stride;
+  const int64_t q_batch = p.len.cu_seqlens_q.data ? 0 : int64_t(col.b) * p.q.batch_stride;
   load_tile<T::kBlockM, T::kHeadDim, T::kQStride, T::kThreads>(
       sQ, p.headdim / 8, [&](int r) -> RowSource<Elem> {
         const int idx = row0 + r;
@@ -266,16 +195,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
         sV + stage * T::kBlockN * T::kVStride, p.headdim_v / 8, [&](int r) { return sRowV[slot * T::kBlockN + r]; });
   };
 
-  // Scores reach log2 units through exp_scale, folded into the exponent's FFMA (one instruction
-  // per score). Softcap, and a scale <= 0 (where max(s) * scale is not max(s * scale)), map the
-  // scores into log2 units first and use exp_scale 1.
-  const bool has_softcap = p.softcap > 0.0f;
-  const bool fold_scale = !has_softcap && p.softmax_scale > 0.0f;
-  const float score_scale = has_softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
-  const float softcap_log2 = p.softcap * kLog2e;
-  const float exp_scale = fold_scale ? score_scale : 1.0f;
+  const ScoreScale scale(p);
+  const float exp_scale = scale.exp_scale;
 
-  constexpr int kNTiles = T::kWarpKeys / 8;
+  constexpr int kNTiles = T::kBlockN / 8;
   constexpr int kOTiles = T::kHeadDimV / 8;
   float o_acc[kMT][kOTiles][4];
 #pragma unroll
@@ -294,11 +217,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
   constexpr uint32_t kQTileBytes = 16 * T::kQStride * 2;
   const uint32_t sQ_addr = smem_addr(sQ + (wm * T::kWarpRows + (lane % 16)) * T::kQStride + (lane / 16) * 8);
   // K (non-transposed): matrix mi = lane / 8 covers keys (mi / 2) * 8.., dims (mi % 2) * 8..
-  const uint32_t sK_addr = smem_addr(
-      sK + (wn * T::kWarpKeys + (lane / 16) * 8 + (lane % 8)) * T::kQStride + ((lane / 8) % 2) * 8);
+  const uint32_t sK_addr = smem_addr(sK + ((lane / 16) * 8 + (lane % 8)) * T::kQStride + ((lane / 8) % 2) * 8);
   // V (transposed): matrix mi covers keys (mi % 2) * 8.., dims (mi / 2) * 8..
-  const uint32_t sV_addr = smem_addr(
-      sV + (wn * T::kWarpKeys + ((lane / 8) % 2) * 8 + (lane % 8)) * T::kVStride + (lane / 16) * 8);
+  const uint32_t sV_addr = smem_addr(sV + (((lane / 8) % 2) * 8 + (lane % 8)) * T::kVStride + (lane / 16) * 8);
 
   // The three steps of a key block; `stage` picks the K/V buffers. Each K / V fragment read from
   // shared memory feeds the warp's kMT m16 tiles.
@@ -329,23 +250,19 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
     }
   };
   auto online_softmax = [&](int n0) {
-    if (!fold_scale) {
+    if (!scale.fold) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float x = s[mt][nt][e] * score_scale;
-            s[mt][nt][e] = has_softcap ? softcap_log2 * tanhf(x) : x;
-          }
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] = scale.map(s[mt][nt][e]);
         }
       }
     }
-    // Mask only where the warp's key slice crosses one of this thread's row ranges (the CTA's key
-    // range ends, a causal diagonal, a window edge, rows past the sequence).
-    const int slice_lo = n0 + wn * T::kWarpKeys;
-    if (slice_lo < full_lo || slice_lo + T::kWarpKeys > full_hi) {
+    // Mask only where the block crosses one of this thread's row ranges (the CTA's key range
+    // ends, a causal diagonal, a window edge, rows past the sequence).
+    if (n0 < full_lo || n0 + T::kBlockN > full_hi) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -355,7 +272,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
           for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
             for (int e = 2 * h; e < 2 * h + 2; ++e) {
-              const int j = slice_lo + 2 * t + nt * 8 + (e & 1);
+              const int j = n0 + 2 * t + nt * 8 + (e & 1);
               if (j < keys.x || j >= keys.y) s[mt][nt][e] = -INFINITY;
             }
           }
@@ -419,7 +336,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
   auto accumulate = [&](int stage) {
     const uint32_t v_addr = sV_addr + stage * kVStageBytes;
 #pragma unroll
-    for (int ks = 0; ks < T::kWarpKeys / 16; ++ks) {
+    for (int ks = 0; ks < T::kBlockN / 16; ++ks) {
       uint32_t a[kMT][4];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
@@ -490,7 +407,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
   }
   cp_async_wait_all();
 
-  // Epilogue 1: per-warp row statistics to shared memory.
+  // Epilogue: each warp normalises its rows (adding the sink's term, split 0 only) into sO, which
+  // reuses the tiles' memory, then the CTA stores the real rows and channels coalesced.
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -499,73 +417,37 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
       row_sum[mt][h] += __shfl_xor_sync(0xffffffffu, row_sum[mt][h], 2);
     }
   }
-  __syncthreads();  // every warp is done with the tiles: the epilogue reuses their memory
-  if (t == 0) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        sM[wn * T::kBlockM + warp_row(mt, h)] = row_max[mt][h];
-        sL[wn * T::kBlockM + warp_row(mt, h)] = row_sum[mt][h];
-      }
-    }
-  }
-  if constexpr (T::kWarpsN > 1) {
-    for (int e = tid; e < T::kBlockM * T::kOStride; e += T::kThreads) sO[e] = 0.0f;
-  }
-  __syncthreads();
-
-  // Epilogue 2: merge the warps' states (and the sink, split 0 only), normalise into sO.
+  __syncthreads();  // every warp is done with the tiles
 #pragma unroll
   for (int rh = 0; rh < 2 * kMT; ++rh) {
     const int mt = rh / 2, h = rh % 2;
     const int r = warp_row(mt, h);
-    float sink = -INFINITY;  // log2 units
+    float l = row_sum[mt][h];
+    float m = row_max[mt][h];
+    float keys_scale = 1.0f;  // of the keys' state, when the sink raises the maximum
     if (add_sink) {
-      const int idx = min(row0 + r, packed_rows - 1);
-      const int64_t head = hk * p.group + idx % p.group;
-      sink = kLog2e * (p.sinks_f32 ? p.sinks_f32[head * p.sinks_stride]
-                                   : __bfloat162float(__ushort_as_bfloat16(p.sinks_bf16[head * p.sinks_stride])));
-    }
-    float m = sink;
-#pragma unroll
-    for (int w = 0; w < T::kWarpsN; ++w) m = fmaxf(m, sM[w * T::kBlockM + r]);
-    float l = sink == -INFINITY ? 0.0f : fast_exp2(sink - m);
-    float my_scale = 0.0f;
-#pragma unroll
-    for (int w = 0; w < T::kWarpsN; ++w) {
-      const float mw = sM[w * T::kBlockM + r];
-      const float sc = mw == -INFINITY ? 0.0f : fast_exp2(mw - m);
-      l += sL[w * T::kBlockM + r] * sc;
-      if (w == wn) my_scale = sc;
+      const float sink = sink_log2(p, hk, min(row0 + r, packed_rows - 1));
+      const float with_sink = fmaxf(m, sink);
+      keys_scale = m == -INFINITY ? 0.0f : fast_exp2(m - with_sink);
+      l = l * keys_scale + fast_exp2(sink - with_sink);
+      m = with_sink;
     }
     const bool nonempty = l > 0.0f && m != -INFINITY;
-    const float factor = nonempty ? my_scale / l : 0.0f;
-    if (wn == 0 && t == 0) sLse[r] = nonempty ? (m + log2f(l)) * kLn2 : -INFINITY;
+    const float factor = nonempty ? keys_scale / l : 0.0f;
+    if (t == 0) sLse[r] = nonempty ? (m + log2f(l)) * kLn2 : -INFINITY;
     float* o_row = sO + r * T::kOStride + 2 * t;
 #pragma unroll
     for (int i = 0; i < kOTiles; ++i) {
-      const float x0 = o_acc[mt][i][2 * h] * factor, x1 = o_acc[mt][i][2 * h + 1] * factor;
-      if constexpr (T::kWarpsN > 1) {
-        atomicAdd(o_row + i * 8, x0);
-        atomicAdd(o_row + i * 8 + 1, x1);
-      } else {
-        o_row[i * 8] = x0;
-        o_row[i * 8 + 1] = x1;
-      }
+      o_row[i * 8] = o_acc[mt][i][2 * h] * factor;
+      o_row[i * 8 + 1] = o_acc[mt][i][2 * h + 1] * factor;
     }
   }
   __syncthreads();
-
-  // Epilogue 3: coalesced stores of the real rows and channels.
-  store_rows([&](int r, int c) { return *reinterpret_cast<const float4*>(sO + r * T::kOStride + c); },
-             [&](int r) { return sLse[r]; });
+  store_rows<Elem>(p, dst_rows, hk, row0, T::kBlockM,
+                   [&](int r, int c) { return *reinterpret_cast<const float4*>(sO + r * T::kOStride + c); },
+                   [&](int r) { return sLse[r]; });
 }
 
-// Decode shape: at most 16 packed rows per CTA, 4 warps splitting every key block.
-template <class Elem, int kHeadDim, int kHeadDimV>
-using DecodeTraits = AttentionTraits<Elem, kHeadDim, kHeadDimV, 16,
-                                     (kHeadDim > kHeadDimV ? kHeadDim : kHeadDimV) <= 64 ? 128 : 64, 4>;
 // Prefill shape: the sm80 tile table (core/tile_size.h), which the planner reads too. Widest head
 // dim 96 or 128: 4 warps of 32 rows (two m16 tiles each, so every K / V fragment feeds two mma),
 // two CTAs per SM at up to 255 registers. Head dim 64 (128 x 128 tiles, wide score rows) and
@@ -577,33 +459,7 @@ constexpr int prefill_m_tiles(int headdim, int headdim_v) {
 template <class Elem, int kHeadDim, int kHeadDimV,
           core::TileSize kTile = core::tile_size_sm80(core::TileInputs{kHeadDim, kHeadDimV}),
           int kMTiles = prefill_m_tiles(kHeadDim, kHeadDimV)>
-using PrefillTraits = AttentionTraits<Elem, kHeadDim, kHeadDimV, kTile.block_m, kTile.block_n, 1,
-                                      kMTiles, kMTiles>;
-
-template <class T>
-void launch_attention_with(const AttentionParams& p, cudaStream_t stream) {
-  auto kernel = attention_kernel<T>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-  const int packed_max = p.len.seqlen_q * p.group;
-  const int columns = p.split_work ? p.num_split_work : p.len.batch * p.num_splits;
-  const dim3 grid((packed_max + T::kBlockM - 1) / T::kBlockM, p.num_heads_k, columns);
-  if (grid.x == 0 || grid.z == 0) return;
-  if (grid.z > 65535) {
-    throw Error(ErrorKind::unsupported, "num_splits",
-                "batch * num_splits above 65535 is not supported on CUDA yet (got " +
-                    std::to_string(grid.z) + ")");
-  }
-  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
-}
-
-// Instantiated once per (dtype, head dims) in attention_inst_*.cu.
-template <class Elem, int kHeadDim, int kHeadDimV>
-void launch_attention(const AttentionParams& p, cudaStream_t stream) {
-  if (p.len.seqlen_q * p.group <= 16) {
-    launch_attention_with<DecodeTraits<Elem, kHeadDim, kHeadDimV>>(p, stream);
-  } else {
-    launch_attention_with<PrefillTraits<Elem, kHeadDim, kHeadDimV>>(p, stream);
-  }
-}
+using PrefillTraits = AttentionTraits<Elem, kHeadDim, kHeadDimV, kTile.block_m, kTile.block_n, kMTiles,
+                                      kMTiles>;
 
 }  // namespace kvflash::cuda

@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <array>
+#include <atomic>
 #include <string>
 
 #include "core/backend.h"
@@ -145,6 +147,19 @@ CacheParams cache_params(const core::Problem& p) {
 RowLayout row_layout(const TensorView& t, bool varlen) {
   if (varlen) return RowLayout{t.data, 0, t.stride(0), t.stride(1)};
   return RowLayout{t.data, t.stride(0), t.stride(1), t.stride(2)};
+}
+
+// Programmatic dependent launch needs sm_90+. Cached per device: a driver query per call costs.
+bool has_programmatic_launch(int device) {
+  static std::array<std::atomic<int>, 64> known{};  // 0 not asked yet, 1 no, 2 yes
+  if (device < 0 || device >= int(known.size())) return false;
+  int v = known[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0;
+    v = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 ? 2 : 1;
+    known[device].store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
 }
 
 template <class Elem>
@@ -311,7 +326,9 @@ void run_typed(const core::Problem& p, const Plan& plan, const Outputs& outputs,
 
   launch_attention_for<Elem>(at, p.headdim, p.headdim_v, stream);
   if (plan.num_splits > 1) {
-    launch_combine(cp, std::is_same_v<Elem, __half> ? ElemType::f16 : ElemType::bf16, stream);
+    // From Hopper on, the combine's launch overlaps the attention kernel's tail.
+    launch_combine(cp, std::is_same_v<Elem, __half> ? ElemType::f16 : ElemType::bf16,
+                   has_programmatic_launch(p.device.id), stream);
   }
   check_cuda(cudaGetLastError(), "kernel launch");
 }
@@ -371,7 +388,7 @@ class CudaBackend final : public core::Backend {
     if (cp.headdim_v > 256) unsupported("out_partial", "combine of head dims above 256 is");
     const ElemType type = out.dtype == DType::f16 ? ElemType::f16 : out.dtype == DType::bf16 ? ElemType::bf16 : ElemType::f32;
     check_cuda(cudaSetDevice(out.device.id), "cudaSetDevice");
-    launch_combine(cp, type, static_cast<cudaStream_t>(options.stream));
+    launch_combine(cp, type, false, static_cast<cudaStream_t>(options.stream));
     check_cuda(cudaGetLastError(), "combine launch");
   }
 };

@@ -64,6 +64,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
       token = seq.q_offset + bb;
     }
   }
+  wait_for_prerequisites();  // the attention kernel's partials (when launched to overlap it)
   const float* lse_row = p.lse_partial + a * p.lp_a + token * p.lp_b + c * p.lp_c;
   const float* out_row = p.out_partial + a * p.op_a + token * p.op_b + c * p.op_c;
 
@@ -135,14 +136,30 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
 
 }  // namespace
 
-void launch_combine(const CombineParams& p, ElemType out_type, cudaStream_t stream) {
+template <class Out>
+void launch_combine_as(const CombineParams& p, unsigned blocks, bool overlap_previous, cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute overlap[1];
+  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap[0].val.programmaticStreamSerializationAllowed = 1;
+  if (overlap_previous) {
+    config.attrs = overlap;
+    config.numAttrs = 1;
+  }
+  cudaLaunchKernelEx(&config, combine_kernel<Out>, p);
+}
+
+void launch_combine(const CombineParams& p, ElemType out_type, bool overlap_previous, cudaStream_t stream) {
   const int64_t rows = int64_t(p.dim_a) * p.dim_b * p.dim_c;
   if (rows == 0) return;
   const unsigned blocks = unsigned(rows);
   switch (out_type) {
-    case ElemType::bf16: combine_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(p); break;
-    case ElemType::f16: combine_kernel<__half><<<blocks, kThreads, 0, stream>>>(p); break;
-    case ElemType::f32: combine_kernel<float><<<blocks, kThreads, 0, stream>>>(p); break;
+    case ElemType::bf16: launch_combine_as<__nv_bfloat16>(p, blocks, overlap_previous, stream); break;
+    case ElemType::f16: launch_combine_as<__half>(p, blocks, overlap_previous, stream); break;
+    case ElemType::f32: launch_combine_as<float>(p, blocks, overlap_previous, stream); break;
   }
 }
 

@@ -20,7 +20,9 @@ template <class Elem, int kHeadDim, int kHeadDimV>
 void launch_attention(const AttentionParams& p, cudaStream_t stream);
 
 // combine.cu: split partials into out (of out_type) and LSE.
-void launch_combine(const CombineParams& p, ElemType out_type, cudaStream_t stream);
+// overlap_previous (sm_90+): launched with programmatic stream serialization, so its CTAs start
+// while the attention kernel before it finishes (they wait for its results on the device).
+void launch_combine(const CombineParams& p, ElemType out_type, bool overlap_previous, cudaStream_t stream);
 
 // prepare.cu: per-batch split counts on the device (kvflash's portable rule, core/split_rule.h)
 // and the split columns of the attention grid.

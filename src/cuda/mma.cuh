@@ -1,5 +1,6 @@
-// The few tensor-core and async-copy instructions the sm80 attention kernel uses, as thin inline
-// PTX wrappers: mma.sync m16n8k16 (fp32 accumulate), ldmatrix and cp.async with zero fill.
+// The few tensor-core and async-copy instructions the sm80 attention kernels use, as thin inline
+// PTX wrappers: mma.sync m16n8k16 (fp32 accumulate), ldmatrix, movmatrix and cp.async with zero
+// fill.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,6 +24,11 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+// Waits until at most kPending of this thread's most recent copy groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -33,6 +39,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
+}
+
+// The transpose of an 8x8 16-bit matrix held in mma fragment layout (thread l: row l / 4, columns
+// 2 (l % 4) and + 1), returned in the same layout.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
 }
 
 // D (16x8 fp32) += A (16x16 row) * B (16x8 col).
@@ -75,6 +89,21 @@ template <class Elem>
 __device__ __forceinline__ Elem from_float(float x) {
   if constexpr (std::is_same_v<Elem, __nv_bfloat16>) return __float2bfloat16_rn(x);
   else return __float2half_rn(x);
+}
+
+// Programmatic dependent launch (sm_90+; no-ops before): a kernel launched after this one with
+// programmatic stream serialization may start once every CTA here has called launch_dependents,
+// and must call wait_for_prerequisites before reading what this grid writes (it returns once the
+// grid finished and its writes are visible).
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prerequisites() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 }
 
 // 2^x with ex2.approx (exp2(-inf) = 0, which the online softmax relies on).

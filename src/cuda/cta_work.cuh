@@ -1,0 +1,148 @@
+// What one attention CTA works on, shared by the prefill kernel (attention_kernel.cuh) and the
+// decode kernel (decode_kernel.cuh): its (sequence, split) column of the grid, the keys its query
+// rows may need, and the coalesced store of its finished rows into out (or the split's partial).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "core/mask.h"
+#include "cuda/lengths.cuh"
+#include "cuda/mma.cuh"
+#include "cuda/params.h"
+#include "cuda/split_rule.cuh"
+
+namespace kvflash::cuda {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct CtaColumn {
+  int b = 0;         // batch element
+  int split = 0;
+  int splits_b = 1;  // the element's split count
+  SeqLens seq;
+};
+
+// The column grid z names: the prepare kernel's list (only the splits the lengths need are
+// launched), or z = b * num_splits + split. False: nothing to do (an unused column, or a split
+// past the element's count when the combine reads only the used ones).
+__device__ __forceinline__ bool cta_column(const AttentionParams& p, int z, CtaColumn& c) {
+  c.b = z / p.num_splits;
+  c.split = z - c.b * p.num_splits;
+  c.splits_b = p.num_splits;
+  if (p.split_work) {
+    const SplitWork work = p.split_work[z];
+    if (work.batch < 0 || work.batch >= p.len.batch) return false;
+    c.b = work.batch, c.split = work.split, c.splits_b = work.num_splits;
+  } else if (p.splits_per_batch) {
+    c.splits_b = p.splits_per_batch[c.b];
+  }
+  c.seq = seq_lens(p.len, c.b);
+  if (p.splits_alone) c.splits_b = splits_alone(p.rule, c.seq.seqlen_q, c.seq.seqlen_k, p.num_splits);
+  c.splits_b = clamp_int(c.splits_b, 1, p.num_splits);
+  return !(p.single_split_writes_out && c.split >= c.splits_b);
+}
+
+// Visible keys of packed row idx (query index idx / group).
+__device__ __forceinline__ core::KeyRange row_keys(const AttentionParams& p, const SeqLens& seq, int idx) {
+  return core::visible_keys(idx / p.group, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right,
+                            p.attention_chunk);
+}
+
+// Keys packed rows [row0, last_row] may need within the column's split: the union of their
+// visible ranges (monotone in the row) cut to the split.
+__device__ __forceinline__ core::KeyRange cta_keys(const AttentionParams& p, const CtaColumn& c, int row0, int last_row) {
+  const core::KeyRange first = row_keys(p, c.seq, row0);
+  const core::KeyRange last = row_keys(p, c.seq, last_row);
+  const core::KeyRange split = core::split_keys(c.split, c.splits_b, c.seq.seqlen_k, p.split_block_n);
+  return core::KeyRange{max(first.lo, split.lo), min(last.hi, split.hi)};
+}
+
+// Does the split add the sinks' term? (split 0 only, so the combine counts it once.)
+__device__ __forceinline__ bool adds_sink(const AttentionParams& p, const CtaColumn& c) {
+  return (p.sinks_f32 || p.sinks_bf16) && c.split == 0;
+}
+
+// The sink logit of packed row idx of KV head hk, in log2 units.
+__device__ __forceinline__ float sink_log2(const AttentionParams& p, int hk, int idx) {
+  const int64_t head = hk * p.group + idx % p.group;
+  return kLog2e * (p.sinks_f32 ? p.sinks_f32[head * p.sinks_stride]
+                               : __bfloat162float(__ushort_as_bfloat16(p.sinks_bf16[head * p.sinks_stride])));
+}
+
+// Where a CTA's finished rows go: out (or the split's partial, see single_split_writes_out).
+struct RowDestination {
+  int b, split, q_offset, packed_rows;
+  bool partial;
+  __device__ __forceinline__ RowDestination(const AttentionParams& p, const CtaColumn& c)
+      : b(c.b), split(c.split), q_offset(c.seq.q_offset), packed_rows(c.seq.seqlen_q * p.group),
+        partial(p.num_splits > 1 && (c.splits_b > 1 || !p.single_split_writes_out)) {}
+};
+
+// Writes rows [row0, row0 + rows) of KV head hk from value(r, c) -> float4 of channels c..c+3,
+// and their LSE from lse(r); rows past the sequence are skipped. Every thread of the CTA takes part.
+template <class Elem, class Value, class Lse>
+__device__ __forceinline__ void store_rows(const AttentionParams& p, const RowDestination& dst_rows, int hk,
+                                           int row0, int rows, Value value, Lse lse) {
+  const int dv_quads = p.headdim_v / 4;
+  const int64_t out_batch = p.len.cu_seqlens_q.data ? 0 : dst_rows.b;
+  for (int e = threadIdx.x; e < rows * dv_quads; e += blockDim.x) {
+    const int r = e / dv_quads;
+    const int ch = (e - r * dv_quads) * 4;
+    const int idx = row0 + r;
+    if (idx >= dst_rows.packed_rows) continue;
+    const int i = idx / p.group;
+    const int head = hk * p.group + (idx - i * p.group);
+    const int64_t token = dst_rows.q_offset + i;
+    const float4 v = value(r, ch);
+    if (dst_rows.partial) {
+      float* dst = p.out_partial + dst_rows.split * p.op_split_stride + out_batch * p.op_batch_stride +
+                   token * p.op_token_stride + head * p.op_head_stride + ch;
+      dst[0] = v.x; dst[1] = v.y; dst[2] = v.z; dst[3] = v.w;
+    } else {
+      Elem* dst = static_cast<Elem*>(p.out.data) + out_batch * p.out.batch_stride +
+                  token * p.out.token_stride + head * p.out.head_stride + ch;
+      uint2 packed;
+      packed.x = pack2<Elem>(v.x, v.y);
+      packed.y = pack2<Elem>(v.z, v.w);
+      *reinterpret_cast<uint2*>(dst) = packed;
+    }
+    if (ch == 0) {
+      if (dst_rows.partial) {
+        p.lse_partial[dst_rows.split * p.lp_split_stride + out_batch * p.lp_batch_stride +
+                      token * p.lp_token_stride + head * p.lp_head_stride] = lse(r);
+      } else if (p.lse) {
+        p.lse[out_batch * p.lse_batch_stride + token * p.lse_token_stride + head * p.lse_head_stride] = lse(r);
+      }
+    }
+  }
+}
+
+// Rows with no visible key in the split and no sink: out 0, LSE -inf.
+template <class Elem>
+__device__ __forceinline__ void store_empty_rows(const AttentionParams& p, const RowDestination& dst_rows, int hk,
+                                                 int row0, int rows) {
+  store_rows<Elem>(p, dst_rows, hk, row0, rows, [](int, int) { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); },
+                   [](int) { return -INFINITY; });
+}
+
+// Softmax scores reach log2 units through exp_scale, folded into the exponent's FFMA (one
+// instruction per score). Softcap, and a scale <= 0 (where max(s) * scale is not max(s * scale)),
+// map the scores into log2 units first (map()) and use exp_scale 1.
+struct ScoreScale {
+  bool fold;
+  float score_scale, softcap_log2, exp_scale;
+  __device__ explicit ScoreScale(const AttentionParams& p) {
+    const bool has_softcap = p.softcap > 0.0f;
+    fold = !has_softcap && p.softmax_scale > 0.0f;
+    score_scale = has_softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
+    softcap_log2 = p.softcap * kLog2e;
+    exp_scale = fold ? score_scale : 1.0f;
+  }
+  __device__ __forceinline__ float map(float s) const {
+    const float x = s * score_scale;
+    return softcap_log2 > 0.0f ? softcap_log2 * tanhf(x) : x;
+  }
+};
+
+}  // namespace kvflash::cuda

@@ -1,0 +1,380 @@
+// The portable (sm80+) decode kernel: at most 16 packed query rows per KV head (decode, speculative
+// decode, GQA groups) against many keys, usually split-KV.
+//
+// With so few rows, the prefill kernel's layout (query rows as the mma's M dimension) computes
+// 12 padding rows of every 16 at GQA 4 and shares each key block's fixed costs (a CTA barrier,
+// row reductions, the accumulator rescale) among few keys. Here keys are the M dimension:
+// S^T = K Q^T (A: a 16-key x 16-dim K tile from ldmatrix; B: Q^T, 8 rows per tile, kept in
+// registers) and O^T = V^T P^T (A: V^T from ldmatrix.trans; B: P^T, the score fragment transposed
+// in registers by movmatrix). Each warp walks its own 16-key steps of the CTA's keys (steps w,
+// w + kWarps, ...) through its own kStages shared-memory buffers, so no CTA barrier sits in the
+// loop; the warps' softmax states merge once, in the epilogue.
+//
+// Loads are cp.async with zero fill, as in the prefill kernel: rows outside the CTA's keys, at a
+// bad page id or past the real head dim are never read, and masked scores are -inf before the
+// exponent, so NaN in unused cache slots cannot reach the output.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <type_traits>
+
+#include "core/mask.h"
+#include "cuda/cta_work.cuh"
+#include "cuda/lengths.cuh"
+#include "cuda/mma.cuh"
+#include "cuda/params.h"
+
+namespace kvflash::cuda {
+
+// kRowTiles: 8-row mma N tiles of packed query rows (1: up to 8 rows, 2: up to 16).
+template <class Elem_, int kHeadDim_, int kHeadDimV_, int kRowTiles_>
+struct DecodeTraits {
+  using Elem = Elem_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
+  static constexpr int kRowTiles = kRowTiles_;
+  static constexpr int kRows = 8 * kRowTiles;
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kStepKeys = 16;  // one mma M tile
+  static constexpr int kWidest = kHeadDim > kHeadDimV ? kHeadDim : kHeadDimV;
+  // Two buffers per warp up to head dim 128: one step computes while the next loads (H200, 32/8
+  // heads, d 128: three CTAs, 12 warps, per SM keep ~100 KB of loads in flight per SM, more than
+  // DRAM latency needs). Wider heads take one (67 KB at d 256, within every sm80+ GPU's limit;
+  // the SM's other warps overlap their loads).
+  static constexpr int kStages = kWidest <= 128 ? 2 : 1;
+  // Rows padded by 16 bytes so ldmatrix over 8 consecutive rows hits 8 different bank groups.
+  static constexpr int kKStride = kHeadDim + 8;
+  static constexpr int kVStride = kHeadDimV + 8;
+  static constexpr int kKStageElems = kStepKeys * kKStride;
+  static constexpr int kVStageElems = kStepKeys * kVStride;
+  static constexpr int kWarpBytes =
+      kStages * ((kKStageElems + kVStageElems) * int(sizeof(Elem)) + kStepKeys * 16);  // + row offsets
+  static constexpr int kOStride = kHeadDimV + 4;  // fp32 epilogue rows, conflict-free writes
+  static constexpr int kLoopBytes = kWarps * kWarpBytes;
+  static constexpr int kEpilogueBytes = kWarps * kRows * kOStride * 4;  // each warp's normalised O
+  static constexpr int kBufferBytes = kLoopBytes > kEpilogueBytes ? kLoopBytes : kEpilogueBytes;
+  static constexpr int kStatsBytes = (2 * kWarps + 1) * kRows * 4;  // per-warp max and sum, LSE
+  static constexpr int kSmemBytes = kBufferBytes + kStatsBytes;
+  // Three CTAs per SM at head dims up to 128 (70 KB of shared memory each; the portable split
+  // rule, core/split_rule.h, counts that many CTA slots per SM).
+  static constexpr int kMinBlocks = kWidest <= 128 ? 3 : 1;
+  static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0, "head dims are multiples of 16");
+};
+
+// Element offsets of one key row in the K and V caches (-1: not read, zero filled).
+struct alignas(16) RowOffsets {
+  int64_t k, v;
+};
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(const AttentionParams p) {
+  using Elem = typename T::Elem;
+  constexpr int kRT = T::kRowTiles;
+  constexpr int kKSteps = T::kHeadDim / 16;   // mma K steps of S^T = K Q^T
+  constexpr int kDvTiles = T::kHeadDimV / 16;  // mma M tiles of O^T = V^T P^T
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+
+  launch_dependents();  // the combine's CTAs may start their prologue now
+  const int hk = blockIdx.y;
+  CtaColumn col;
+  if (!cta_column(p, blockIdx.z, col)) return;
+  const SeqLens& seq = col.seq;
+  const int packed_rows = seq.seqlen_q * p.group;
+  const int row0 = blockIdx.x * T::kRows;
+  if (row0 >= packed_rows) return;
+  const core::KeyRange range = cta_keys(p, col, row0, min(row0 + T::kRows, packed_rows) - 1);
+  const bool add_sink = adds_sink(p, col);
+  const RowDestination dst_rows(p, col);
+  if (range.lo >= range.hi && !add_sink) {
+    store_empty_rows<Elem>(p, dst_rows, hk, row0, T::kRows);
+    return;
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  // CTA row of this thread's fragment entries: N index 2t + h of row tile nt.
+  auto my_row = [&](int nt, int h) { return 8 * nt + 2 * t + h; };
+
+  // This thread's rows' visible keys, and [full_lo, full_hi): keys every one of them that exists
+  // sees (steps inside need no mask). Rows past the sequence see nothing.
+  int2 row_keys_of[kRT][2];
+  int full_lo = range.lo, full_hi = range.hi;
+#pragma unroll
+  for (int nt = 0; nt < kRT; ++nt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int idx = row0 + my_row(nt, h);
+      row_keys_of[nt][h] = make_int2(range.lo, range.lo);
+      if (idx < packed_rows) {
+        const core::KeyRange vis = row_keys(p, seq, idx);
+        const int lo = max(vis.lo, range.lo), hi = min(vis.hi, range.hi);
+        row_keys_of[nt][h] = make_int2(lo, hi);
+        full_lo = max(full_lo, lo);
+        full_hi = min(full_hi, hi);
+      }
+    }
+  }
+
+  // Q^T as the B operand, in registers for the whole CTA: row g of tile nt, dims 16 kk + 2t (+1)
+  // and 16 kk + 2t + 8 (+1); zero past the sequence and past the real head dim.
+  uint32_t q_frag[kRT][kKSteps][2];
+  const Elem* q_base = static_cast<const Elem*>(p.q.data);
+  const int64_t q_batch = p.len.cu_seqlens_q.data ? 0 : int64_t(col.b) * p.q.batch_stride;
+#pragma unroll
+  for (int nt = 0; nt < kRT; ++nt) {
+    const int idx = row0 + 8 * nt + g;
+    const bool row_ok = idx < packed_rows;
+    const int i = idx / p.group;
+    const Elem* q_row = q_base + q_batch + int64_t(seq.q_offset + i) * p.q.token_stride +
+                        (hk * p.group + (idx - i * p.group)) * p.q.head_stride;
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int d = 16 * kk + 2 * t + 8 * half;
+        q_frag[nt][kk][half] = row_ok && d < p.headdim ? *reinterpret_cast<const uint32_t*>(q_row + d) : 0u;
+      }
+    }
+  }
+
+  // This warp's buffers: [kStages][kStepKeys][kKStride] K, then the same for V, then the K / V
+  // offsets of each stage's key rows.
+  Elem* sK = reinterpret_cast<Elem*>(smem_raw + warp * T::kWarpBytes);
+  Elem* sV = sK + T::kStages * T::kKStageElems;
+  auto* sRows = reinterpret_cast<RowOffsets*>(sV + T::kStages * T::kVStageElems);  // [kStages][kStepKeys]
+  const Elem* k_base = static_cast<const Elem*>(p.cache.k);
+  const Elem* v_base = static_cast<const Elem*>(p.cache.v);
+
+  const int n_steps = (range.hi - range.lo + T::kStepKeys - 1) / T::kStepKeys;
+  const int my_steps = warp < n_steps ? (n_steps - warp + T::kWarps - 1) / T::kWarps : 0;
+  auto step_key0 = [&](int i) { return range.lo + (warp + i * T::kWarps) * T::kStepKeys; };
+  // Key row l % 16 of the warp's step i: its K and V element offsets, or -1 (zero fill: outside
+  // the CTA's keys, past the warp's steps or at a bad page id).
+  auto locate = [&](int i) {
+    const int j = step_key0(i) + lane % 16;
+    int64_t unit = 0;
+    int slot = 0;
+    const bool ok = i < my_steps && j < range.hi &&
+                    cache_location(p.cache, seq.cache_row, seq.leftpad + j, unit, slot);
+    return ok ? RowOffsets{unit * p.cache.k_row_stride + slot * p.cache.k_pos_stride + hk * p.cache.k_head_stride,
+                           unit * p.cache.v_row_stride + slot * p.cache.v_pos_stride + hk * p.cache.v_head_stride}
+              : RowOffsets{-1, -1};
+  };
+  auto publish = [&](int stage, const RowOffsets& rows) {
+    if (lane < T::kStepKeys) sRows[stage * T::kStepKeys + lane] = rows;
+  };
+  // The step in `stage`, rows from its offsets: copy e of the warp takes chunk e % kChunks of row
+  // e / kChunks, so every copy instruction reads whole rows (full 128-byte lines).
+  auto copy_rows = [&](Elem* dst, const Elem* base, const RowOffsets* rows, bool is_v, auto chunks_c, int stride,
+                       int valid_chunks) {
+    constexpr int kChunks = decltype(chunks_c)::value;
+#pragma unroll
+    for (int i = 0; i < T::kStepKeys * kChunks / 32; ++i) {
+      const int e = lane + 32 * i;
+      const int r = e / kChunks, c = e % kChunks;
+      const int64_t offset = is_v ? rows[r].v : rows[r].k;
+      const bool ok = offset >= 0 && c < valid_chunks;
+      cp_async_16(smem_addr(dst + r * stride + c * 8), base + (ok ? offset + c * 8 : 0), ok);
+    }
+  };
+  auto copy_step = [&](int stage) {
+    const RowOffsets* rows = sRows + stage * T::kStepKeys;
+    copy_rows(sK + stage * T::kKStageElems, k_base, rows, false, std::integral_constant<int, T::kHeadDim / 8>{},
+              T::kKStride, p.headdim / 8);
+    copy_rows(sV + stage * T::kVStageElems, v_base, rows, true, std::integral_constant<int, T::kHeadDimV / 8>{},
+              T::kVStride, p.headdim_v / 8);
+  };
+
+  const ScoreScale scale(p);
+  const float exp_scale = scale.exp_scale;
+  float o_acc[kRT][kDvTiles][4];  // O^T: dims 16 mt + g (entries 0, 1) and + 8 (2, 3); rows 2t, 2t + 1
+  float row_max[kRT][2], row_sum[kRT][2];  // max in log2 units; sums over this lane's keys only
+#pragma unroll
+  for (int nt = 0; nt < kRT; ++nt) {
+#pragma unroll
+    for (int mt = 0; mt < kDvTiles; ++mt) o_acc[nt][mt][0] = o_acc[nt][mt][1] = o_acc[nt][mt][2] = o_acc[nt][mt][3] = 0.0f;
+    row_max[nt][0] = row_max[nt][1] = -INFINITY;
+    row_sum[nt][0] = row_sum[nt][1] = 0.0f;
+  }
+
+  // ldmatrix lane addresses. K (A, non-transposed): matrix l / 8 covers keys ((l / 8) % 2) * 8..,
+  // dims (l / 16) * 8... V (A = V^T, transposed): matrix l / 8 covers keys (l / 16) * 8.., dims
+  // ((l / 8) % 2) * 8...
+  const uint32_t k_lane = smem_addr(sK + ((lane % 8) + 8 * ((lane / 8) % 2)) * T::kKStride + 8 * (lane / 16));
+  const uint32_t v_lane = smem_addr(sV + ((lane % 8) + 8 * (lane / 16)) * T::kVStride + 8 * ((lane / 8) % 2));
+
+  // One 16-key step from buffer `stage`; key0 is its first key.
+  auto compute_step = [&](int stage, int key0) {
+    // S^T: entries (key g, row 2t), (key g, row 2t + 1), (key g + 8, row 2t), (key g + 8, row 2t + 1).
+    float s[kRT][4];
+#pragma unroll
+    for (int nt = 0; nt < kRT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+    const uint32_t k_addr = k_lane + stage * T::kKStageElems * 2;
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(k_addr + kk * 32, a);
+#pragma unroll
+      for (int nt = 0; nt < kRT; ++nt) mma_16816<Elem>(s[nt], a, q_frag[nt][kk][0], q_frag[nt][kk][1]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < kRT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (!scale.fold) s[nt][e] = scale.map(s[nt][e]);
+        // Mask only where the step crosses one of this thread's row ranges.
+        if (key0 < full_lo || key0 + T::kStepKeys > full_hi) {
+          const int j = key0 + g + 8 * (e / 2);
+          const int2 keys = row_keys_of[nt][e % 2];
+          if (j < keys.x || j >= keys.y) s[nt][e] = -INFINITY;
+        }
+      }
+    }
+    // Online softmax per row: the row's maximum over the step's 16 keys is reduced across the 8
+    // lanes holding them (same t); sums stay per lane until the epilogue.
+    float alpha[kRT][2];
+#pragma unroll
+    for (int nt = 0; nt < kRT; ++nt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float step_max = fmaxf(s[nt][h], s[nt][h + 2]);
+        step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 4));
+        step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 8));
+        step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 16));
+        const float new_max = fmaxf(row_max[nt][h], step_max * exp_scale);
+        const float base = new_max == -INFINITY ? 0.0f : new_max;  // all masked: exp2(-inf) = 0
+        alpha[nt][h] = fast_exp2(row_max[nt][h] - base);
+        row_max[nt][h] = new_max;
+        s[nt][h] = fast_exp2(fmaf(s[nt][h], exp_scale, -base));
+        s[nt][h + 2] = fast_exp2(fmaf(s[nt][h + 2], exp_scale, -base));
+        row_sum[nt][h] = row_sum[nt][h] * alpha[nt][h] + (s[nt][h] + s[nt][h + 2]);
+      }
+    }
+    // The accumulators change only where a row maximum grew (rarely, once a row has seen some keys).
+    bool grew = false;
+#pragma unroll
+    for (int nt = 0; nt < kRT; ++nt) grew = grew || alpha[nt][0] != 1.0f || alpha[nt][1] != 1.0f;
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+      for (int nt = 0; nt < kRT; ++nt) {
+#pragma unroll
+        for (int mt = 0; mt < kDvTiles; ++mt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o_acc[nt][mt][e] *= alpha[nt][e % 2];
+        }
+      }
+    }
+    // P^T as the B operand: (keys 2t, 2t + 1 and + 8; row g), the transposes of the packed
+    // (key g and g + 8; rows 2t, 2t + 1) score pairs.
+    uint32_t p_frag[kRT][2];
+#pragma unroll
+    for (int nt = 0; nt < kRT; ++nt) {
+      p_frag[nt][0] = movmatrix_trans(pack2<Elem>(s[nt][0], s[nt][1]));
+      p_frag[nt][1] = movmatrix_trans(pack2<Elem>(s[nt][2], s[nt][3]));
+    }
+    const uint32_t v_addr = v_lane + stage * T::kVStageElems * 2;
+#pragma unroll
+    for (int mt = 0; mt < kDvTiles; ++mt) {
+      uint32_t a[4];
+      ldmatrix_x4_trans(v_addr + mt * 32, a);
+#pragma unroll
+      for (int nt = 0; nt < kRT; ++nt) mma_16816<Elem>(o_acc[nt][mt], a, p_frag[nt][0], p_frag[nt][1]);
+    }
+  };
+
+  // The warp's pipeline: step i + kStages - 1 is issued before step i is waited for, and the row
+  // offsets of the step after it are looked up before step i's math and published after it, so
+  // the page-table read overlaps the math. A group is committed every round (empty past the warp's
+  // steps) so the wait count stays fixed. Offsets and buffers of a stage are reused only after a
+  // __syncwarp past their last reader.
+  publish(0, locate(0));
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < T::kStages - 1; ++i) {
+    if (i < my_steps) copy_step(i);
+    cp_async_commit();
+    publish(i + 1, locate(i + 1));
+    __syncwarp();
+  }
+  for (int i = 0; i < my_steps; ++i) {
+    const int ahead = i + T::kStages - 1;
+    if (ahead < my_steps) copy_step(ahead % T::kStages);
+    cp_async_commit();
+    const RowOffsets after = locate(ahead + 1);
+    cp_async_wait<T::kStages - 1>();
+    __syncwarp();  // step i landed for every lane
+    compute_step(i % T::kStages, step_key0(i));
+    publish((ahead + 1) % T::kStages, after);
+    __syncwarp();  // every lane is done with the buffer the next round refills; offsets are in
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: merge the warps' states (and the sink's term, split 0 only), each warp writes its
+  // normalised share of O into its own rows of sO (reusing the buffers), the CTA sums and stores.
+  float* sMax = reinterpret_cast<float*>(smem_raw + T::kBufferBytes);  // [kWarps][kRows]
+  float* sSum = sMax + T::kWarps * T::kRows;                            // [kWarps][kRows]
+  float* sLse = sSum + T::kWarps * T::kRows;                            // [kRows]
+  float* sO = reinterpret_cast<float*>(smem_raw);                       // [kWarps][kRows][kOStride]
+#pragma unroll
+  for (int nt = 0; nt < kRT; ++nt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = row_sum[nt][h];
+      l += __shfl_xor_sync(0xffffffffu, l, 4);
+      l += __shfl_xor_sync(0xffffffffu, l, 8);
+      l += __shfl_xor_sync(0xffffffffu, l, 16);
+      if (g == 0) {
+        sMax[warp * T::kRows + my_row(nt, h)] = row_max[nt][h];
+        sSum[warp * T::kRows + my_row(nt, h)] = l;
+      }
+    }
+  }
+  __syncthreads();  // every warp's state is in, and every warp is done with its buffers
+#pragma unroll
+  for (int nt = 0; nt < kRT; ++nt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = my_row(nt, h);
+      const float sink = add_sink ? sink_log2(p, hk, min(row0 + r, packed_rows - 1)) : -INFINITY;
+      float m = sink;
+#pragma unroll
+      for (int w = 0; w < T::kWarps; ++w) m = fmaxf(m, sMax[w * T::kRows + r]);
+      float l = sink == -INFINITY ? 0.0f : fast_exp2(sink - m);
+      float my_scale = 0.0f;
+#pragma unroll
+      for (int w = 0; w < T::kWarps; ++w) {
+        const float mw = sMax[w * T::kRows + r];
+        const float sc = mw == -INFINITY ? 0.0f : fast_exp2(mw - m);
+        l += sSum[w * T::kRows + r] * sc;
+        if (w == warp) my_scale = sc;
+      }
+      const bool nonempty = l > 0.0f && m != -INFINITY;
+      const float factor = nonempty ? my_scale / l : 0.0f;
+      if (warp == 0 && g == 0) sLse[r] = nonempty ? (m + log2f(l)) * kLn2 : -INFINITY;
+      float* o_row = sO + (warp * T::kRows + r) * T::kOStride + g;
+#pragma unroll
+      for (int mt = 0; mt < kDvTiles; ++mt) {
+        o_row[16 * mt] = o_acc[nt][mt][h] * factor;
+        o_row[16 * mt + 8] = o_acc[nt][mt][h + 2] * factor;
+      }
+    }
+  }
+  __syncthreads();
+  store_rows<Elem>(
+      p, dst_rows, hk, row0, T::kRows,
+      [&](int r, int c) {
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int w = 0; w < T::kWarps; ++w) {
+          const float4 v = *reinterpret_cast<const float4*>(sO + (w * T::kRows + r) * T::kOStride + c);
+          sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+        }
+        return sum;
+      },
+      [&](int r) { return sLse[r]; });
+}
+
+}  // namespace kvflash::cuda
