@@ -1,8 +1,10 @@
 // Merging split-KV partials through their LSE (FA3's combine): one CTA per output row, its
-// threads spread over the splits (the LSEs, then the partial rows, warp w taking splits w,
-// w + kWarps, ...) so a row of many splits costs a few memory round trips, not one per split.
-// A split whose LSE is -inf (empty) adds nothing and its partial row is never read, so garbage or
-// NaN in it cannot leak; a row with every split empty gets out 0 and LSE -inf.
+// threads spread over the splits (the LSEs, and the partial rows, warp w taking splits w,
+// w + kWarps, ...). The first kWarps x kBatch partial rows load together with the LSEs, so a row
+// of up to 64 splits costs one memory round trip after the attention kernel.
+// A split whose LSE is -inf (empty) adds nothing: its partial row is selected away, never
+// multiplied, so garbage or NaN in it cannot leak; a row with every split empty gets out 0 and
+// LSE -inf.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -16,11 +18,12 @@
 namespace kvflash::cuda {
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kMaxSplits = 256;      // core::kMaxSplits
 constexpr int kMaxHeadDimV = 256;
 constexpr int kLaneChannels = kMaxHeadDimV / 32;
+constexpr int kBatch = 8;  // partial rows per warp per round
 
 template <class Out>
 __device__ __forceinline__ void store(void* base, int64_t at, float v) {
@@ -69,6 +72,22 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
   const float* out_row = p.out_partial + a * p.op_a + token * p.op_b + c * p.op_c;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  // Partial rows of splits s0 + u * kWarps (zero past the splits and the channels).
+  float x[kBatch][kLaneChannels];
+  auto load_round = [&](int s0) {
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int s = s0 + u * kWarps;
+      const float* src = out_row + (s < splits ? s : 0) * p.op_split;
+#pragma unroll
+      for (int k = 0; k < kLaneChannels; ++k) {
+        const int d = lane + 32 * k;
+        x[u][k] = s < splits && d < p.headdim_v ? src[d] : 0.0f;
+      }
+    }
+  };
+  load_round(warp);
+
   constexpr int kPerThread = kMaxSplits / kThreads;
   float lse_s[kPerThread];
   float max_lse = -INFINITY;
@@ -94,29 +113,17 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
   }
   __syncthreads();
 
-  // kBatch splits per warp at a time: all their loads are issued before the first is used.
-  constexpr int kBatch = 4;
   float acc[kLaneChannels];
 #pragma unroll
   for (int k = 0; k < kLaneChannels; ++k) acc[k] = 0.0f;
   for (int s0 = warp; s0 < splits; s0 += kBatch * kWarps) {
-    float sc[kBatch];
-    float x[kBatch][kLaneChannels];
+    if (s0 != warp) load_round(s0);
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int s = s0 + u * kWarps;
-      sc[u] = s < splits ? scale[s] : 0.0f;
-      const float* src = out_row + (s < splits ? s : 0) * p.op_split;
+      const float sc = s < splits ? scale[s] : 0.0f;
 #pragma unroll
-      for (int k = 0; k < kLaneChannels; ++k) {
-        const int d = lane + 32 * k;
-        x[u][k] = sc[u] != 0.0f && d < p.headdim_v ? src[d] : 0.0f;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-#pragma unroll
-      for (int k = 0; k < kLaneChannels; ++k) acc[k] = fmaf(sc[u], x[u][k], acc[k]);
+      for (int k = 0; k < kLaneChannels; ++k) acc[k] = sc != 0.0f ? fmaf(sc, x[u][k], acc[k]) : acc[k];
     }
   }
 #pragma unroll

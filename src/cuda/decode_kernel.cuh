@@ -290,14 +290,18 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
   // the page-table read overlaps the math. A group is committed every round (empty past the warp's
   // steps) so the wait count stays fixed. Offsets and buffers of a stage are reused only after a
   // __syncwarp past their last reader.
-  publish(0, locate(0));
+  {
+    RowOffsets first[T::kStages];  // looked up together: their page-table reads overlap
+#pragma unroll
+    for (int i = 0; i < T::kStages; ++i) first[i] = locate(i);
+#pragma unroll
+    for (int i = 0; i < T::kStages; ++i) publish(i, first[i]);
+  }
   __syncwarp();
 #pragma unroll
   for (int i = 0; i < T::kStages - 1; ++i) {
     if (i < my_steps) copy_step(i);
     cp_async_commit();
-    publish(i + 1, locate(i + 1));
-    __syncwarp();
   }
   for (int i = 0; i < my_steps; ++i) {
     const int ahead = i + T::kStages - 1;

@@ -2,7 +2,8 @@
 # The GPU test runner, one call on a GPU machine: build (all instantiations, sm_80 + sm_90a),
 # resource usage of the kernels, >= 1000 random differential cases against the oracle,
 # compute-sanitizer memcheck and racecheck over a subset, the CUDA-graph decode test, timings,
-# then a summary table. Logs go to $OUT (or ./gpu-logs).
+# issue 3's speed floors measured by `kvflash bench`, then a summary table. Logs go to $OUT (or
+# ./gpu-logs).
 #   CASES=1000 MEMCHECK_CASES=40 RACECHECK_CASES=12 JOBS=16 tests/gpu/run.sh
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
@@ -25,8 +26,8 @@ step() {  # step NAME LOG COMMAND...: runs, records PASS/FAIL, keeps the log
 
 cutlass_flag=()
 [ -d .cutlass/include ] && cutlass_flag=(-DKVFLASH_CUTLASS_INCLUDE="$PWD/.cutlass/include")
-step build build.log bash -c "cmake -S . -B $BUILD -G Ninja -DKVFLASH_CUDA=ON -DKVFLASH_TESTS=OFF -DKVFLASH_TOOLS=OFF \
-  -DKVFLASH_GPU_TESTS=ON ${cutlass_flag[*]} && ninja -C $BUILD -j$JOBS kvflash_gpu_runner"
+step build build.log bash -c "cmake -S . -B $BUILD -G Ninja -DKVFLASH_CUDA=ON -DKVFLASH_TESTS=OFF -DKVFLASH_TOOLS=ON \
+  -DKVFLASH_GPU_TESTS=ON ${cutlass_flag[*]} && ninja -C $BUILD -j$JOBS kvflash_gpu_runner kvflash_cli"
 RUNNER=$BUILD/kvflash_gpu_runner
 if [ ! -x "$RUNNER" ]; then
   echo "build failed"; tail -n 40 "$OUT/build.log"; exit 1
@@ -53,11 +54,18 @@ sanitize() {  # sanitize TOOL CASES FIRST_SEED
 step memcheck memcheck.log sanitize memcheck "$MEMCHECK_CASES" 5001
 step racecheck racecheck.log sanitize racecheck "$RACECHECK_CASES" 7001
 step bench bench.log "$RUNNER" bench
+# The floors by the program users run: paged decode (page 16, 32/8 heads, d 128) and dense prefill.
+floors() {
+  "$BUILD/kvflash" bench --device cuda --batch 1,64 --context 8192 --prefill none --dtype bf16 &&
+    "$BUILD/kvflash" bench --device cuda --batch 1 --context 1024 --prefill 16384 --dtype bf16 --non-causal \
+      --heads 16 --kv-heads 16 --page-size 0
+}
+step floors floors.log floors
 
 echo
 echo "=== summary ($(head -1 "$OUT/resources.txt")) ==="
 printf '%-10s %s\n' step result
-for s in build random graph combine memcheck racecheck bench; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
+for s in build random graph combine memcheck racecheck bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
 grep -h "^random:" "$OUT/random.log" || true
 grep -h "^random " "$OUT/memcheck.log" "$OUT/racecheck.log" || true
 grep -h "^graph:" "$OUT/graph.log" || true
@@ -66,3 +74,4 @@ grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.l
 grep -hE "Function|REG" "$OUT/resources.txt" | head -8 || true
 grep -h "HMMA\|LDGSTS" "$OUT/resources.txt" || true
 tail -n 6 "$OUT/bench.log"
+grep -hE "^(decode|prefill) " "$OUT/floors.log" || tail -n 12 "$OUT/floors.log"
