@@ -12,8 +12,6 @@
 namespace kvflash::core {
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 int group_size(const PlanKey& key) {
   return key.num_heads_k > 0 ? key.num_heads / key.num_heads_k : 1;
 }

@@ -29,11 +29,18 @@ constexpr int kPortableMinBlocksPerSplit = 2;
 constexpr int kPortableMaxWaves = 4;
 constexpr int kPortableMinMultiWaveBlocks = 16;
 
+// ceil(a / b) for a >= 0, b > 0. In 32 bits when both fit: on the device a 64-bit division is a
+// long software routine, and the decode kernels evaluate this rule before their first load.
+KVFLASH_HD int64_t ceil_div(int64_t a, int64_t b) {
+  if (((a | b) >> 31) == 0) return (uint32_t(a) + uint32_t(b) - 1u) / uint32_t(b);
+  return (a + b - 1) / b;
+}
+
 KVFLASH_HD int64_t portable_slots(int usable_sms) { return int64_t{usable_sms} * kPortableCtasPerSm; }
 
 KVFLASH_HD int64_t portable_blocks_per_split(int64_t total, int waves, int64_t slots) {
   const int64_t per_wave = int64_t{waves} * slots;
-  const int64_t blocks = (total + per_wave - 1) / per_wave;
+  const int64_t blocks = ceil_div(total, per_wave);
   return blocks > kPortableMinBlocksPerSplit ? blocks : kPortableMinBlocksPerSplit;
 }
 
@@ -41,7 +48,7 @@ KVFLASH_HD int64_t portable_blocks_per_split(int64_t total, int waves, int64_t s
 KVFLASH_HD int portable_splits(int m_blocks, int64_t n_blocks, int64_t blocks_per_split,
                                int max_splits) {
   if (m_blocks <= 0) return 1;
-  const int64_t wanted = (n_blocks + blocks_per_split - 1) / blocks_per_split;
+  const int64_t wanted = ceil_div(n_blocks, blocks_per_split);
   return wanted < 1 ? 1 : (wanted > max_splits ? max_splits : static_cast<int>(wanted));
 }
 
@@ -49,8 +56,8 @@ KVFLASH_HD int portable_splits(int m_blocks, int64_t n_blocks, int64_t blocks_pe
 KVFLASH_HD bool portable_fills_better(int64_t ctas, int64_t best_ctas, int64_t slots) {
   if (best_ctas <= 0) return ctas > 0;
   if (ctas <= 0) return false;
-  const int64_t waves = (ctas + slots - 1) / slots;
-  const int64_t best_waves = (best_ctas + slots - 1) / slots;
+  const int64_t waves = ceil_div(ctas, slots);
+  const int64_t best_waves = ceil_div(best_ctas, slots);
   return ctas * best_waves > best_ctas * waves;  // ctas / waves > best_ctas / best_waves
 }
 
