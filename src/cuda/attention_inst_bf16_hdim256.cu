@@ -2,5 +2,5 @@
 #include "cuda/attention_launch.cuh"
 
 namespace kvflash::cuda {
-template void launch_attention<__nv_bfloat16, 256, 256>(const AttentionParams&, cudaStream_t);
+template void launch_attention<__nv_bfloat16, 256, 256>(const AttentionParams&, bool, cudaStream_t);
 }  // namespace kvflash::cuda

@@ -2,5 +2,5 @@
 #include "cuda/attention_launch.cuh"
 
 namespace kvflash::cuda {
-template void launch_attention<__half, 64, 64>(const AttentionParams&, cudaStream_t);
+template void launch_attention<__half, 64, 64>(const AttentionParams&, bool, cudaStream_t);
 }  // namespace kvflash::cuda

@@ -113,7 +113,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
   // Last query block first: with causal masks it has the most keys, and launching the longest
   // CTAs first leaves short ones for the tail of the grid.
   const int m_block = gridDim.x - 1 - blockIdx.x;
-  launch_dependents();  // the combine's CTAs may start their prologue now
+  wait_for_prerequisites();  // this kernel may overlap the stream's previous one (launch.cuh)
+  // The combine's CTAs may start their prologue now: what it reads before its own wait (lengths,
+  // split counts) was complete before this kernel's wait returned.
+  launch_dependents();
   const int hk = blockIdx.y;
   CtaColumn col;
   if (!cta_column(p, blockIdx.z, col)) return;

@@ -10,13 +10,15 @@
 #include "kvflash/errors.h"
 #include "cuda/attention_kernel.cuh"
 #include "cuda/decode_kernel.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/params.h"
 
 namespace kvflash::cuda {
 
 // One CTA per kRows packed query rows x KV head x (sequence, split) column.
 template <int kRows, int kThreads, int kSmemBytes>
-void launch_over_columns(void (*kernel)(AttentionParams), const AttentionParams& p, cudaStream_t stream) {
+void launch_over_columns(void (*kernel)(AttentionParams), const AttentionParams& p, bool overlap_previous,
+                         cudaStream_t stream) {
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   const int packed_max = p.len.seqlen_q * p.group;
   const int columns = p.split_work ? p.num_split_work : p.len.batch * p.num_splits;
@@ -27,31 +29,31 @@ void launch_over_columns(void (*kernel)(AttentionParams), const AttentionParams&
                 "batch * num_splits above 65535 is not supported on CUDA yet (got " +
                     std::to_string(grid.z) + ")");
   }
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  launch_kernel(kernel, grid, kThreads, kSmemBytes, overlap_previous, stream, p);
 }
 
 template <class T>
-void launch_decode(const AttentionParams& p, cudaStream_t stream) {
-  launch_over_columns<T::kRows, T::kThreads, T::kSmemBytes>(decode_kernel<T>, p, stream);
+void launch_decode(const AttentionParams& p, bool overlap_previous, cudaStream_t stream) {
+  launch_over_columns<T::kRows, T::kThreads, T::kSmemBytes>(decode_kernel<T>, p, overlap_previous, stream);
 }
 
 template <class T>
-void launch_prefill(const AttentionParams& p, cudaStream_t stream) {
-  launch_over_columns<T::kBlockM, T::kThreads, T::kSmemBytes>(attention_kernel<T>, p, stream);
+void launch_prefill(const AttentionParams& p, bool overlap_previous, cudaStream_t stream) {
+  launch_over_columns<T::kBlockM, T::kThreads, T::kSmemBytes>(attention_kernel<T>, p, overlap_previous, stream);
 }
 
 // Up to 16 packed rows: the decode kernel, with both 8-row tiles in one CTA (K and V read once)
 // where their registers fit (widest head dim <= 128), else one CTA per 8 rows.
 template <class Elem, int kHeadDim, int kHeadDimV>
-void launch_attention(const AttentionParams& p, cudaStream_t stream) {
+void launch_attention(const AttentionParams& p, bool overlap_previous, cudaStream_t stream) {
   constexpr int kDecodeRowTiles = (kHeadDim > kHeadDimV ? kHeadDim : kHeadDimV) <= 128 ? 2 : 1;
   const int packed_rows = p.len.seqlen_q * p.group;
   if (packed_rows <= 8) {
-    launch_decode<DecodeTraits<Elem, kHeadDim, kHeadDimV, 1>>(p, stream);
+    launch_decode<DecodeTraits<Elem, kHeadDim, kHeadDimV, 1>>(p, overlap_previous, stream);
   } else if (packed_rows <= 16) {
-    launch_decode<DecodeTraits<Elem, kHeadDim, kHeadDimV, kDecodeRowTiles>>(p, stream);
+    launch_decode<DecodeTraits<Elem, kHeadDim, kHeadDimV, kDecodeRowTiles>>(p, overlap_previous, stream);
   } else {
-    launch_prefill<PrefillTraits<Elem, kHeadDim, kHeadDimV>>(p, stream);
+    launch_prefill<PrefillTraits<Elem, kHeadDim, kHeadDimV>>(p, overlap_previous, stream);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <cstdlib>
 #include <atomic>
 #include <string>
 
@@ -149,7 +150,9 @@ RowLayout row_layout(const TensorView& t, bool varlen) {
   return RowLayout{t.data, t.stride(0), t.stride(1), t.stride(2)};
 }
 
-// Programmatic dependent launch needs sm_90+. Cached per device: a driver query per call costs.
+// Programmatic dependent launch (launch.cuh) needs sm_90+: from Hopper on, the attention and
+// combine kernels overlap their launch with the kernel before them. Cached per device: a driver
+// query per call costs.
 bool has_programmatic_launch(int device) {
   static std::array<std::atomic<int>, 64> known{};  // 0 not asked yet, 1 no, 2 yes
   if (device < 0 || device >= int(known.size())) return false;
@@ -157,28 +160,29 @@ bool has_programmatic_launch(int device) {
   if (v == 0) {
     int major = 0;
     v = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 ? 2 : 1;
+    if (std::getenv("KVFLASH_TMP_NO_PDL")) v = 1;
     known[device].store(v, std::memory_order_relaxed);
   }
   return v == 2;
 }
 
 template <class Elem>
-void launch_attention_for(const AttentionParams& ap, int d, int dv, cudaStream_t stream) {
+void launch_attention_for(const AttentionParams& ap, int d, int dv, bool overlap, cudaStream_t stream) {
 #if defined(KVFLASH_CUDA_MINIMAL)
   if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
-    if (d <= 128 && dv <= 128 && d > 96 && dv > 96) return launch_attention<Elem, 128, 128>(ap, stream);
+    if (d <= 128 && dv <= 128 && d > 96 && dv > 96) return launch_attention<Elem, 128, 128>(ap, overlap, stream);
   }
   unsupported("q", "this head dim / dtype in a KVFLASH_CUDA_MINIMAL build is");
 #else
   const int rd = core::round_up_headdim(d), rdv = core::round_up_headdim(dv);
-  if (rd == 192 && rdv <= 128) return launch_attention<Elem, 192, 128>(ap, stream);
+  if (rd == 192 && rdv <= 128) return launch_attention<Elem, 192, 128>(ap, overlap, stream);
   const int widest = rd > rdv ? rd : rdv;
   switch (widest) {
-    case 64: return launch_attention<Elem, 64, 64>(ap, stream);
-    case 96: return launch_attention<Elem, 96, 96>(ap, stream);
-    case 128: return launch_attention<Elem, 128, 128>(ap, stream);
-    case 192: return launch_attention<Elem, 192, 192>(ap, stream);
-    default: return launch_attention<Elem, 256, 256>(ap, stream);
+    case 64: return launch_attention<Elem, 64, 64>(ap, overlap, stream);
+    case 96: return launch_attention<Elem, 96, 96>(ap, overlap, stream);
+    case 128: return launch_attention<Elem, 128, 128>(ap, overlap, stream);
+    case 192: return launch_attention<Elem, 192, 192>(ap, overlap, stream);
+    default: return launch_attention<Elem, 256, 256>(ap, overlap, stream);
   }
 #endif
 }
@@ -324,11 +328,10 @@ void run_typed(const core::Problem& p, const Plan& plan, const Outputs& outputs,
     }
   }
 
-  launch_attention_for<Elem>(at, p.headdim, p.headdim_v, stream);
+  const bool overlap = has_programmatic_launch(p.device.id);  // launch.cuh
+  launch_attention_for<Elem>(at, p.headdim, p.headdim_v, overlap, stream);
   if (plan.num_splits > 1) {
-    // From Hopper on, the combine's launch overlaps the attention kernel's tail.
-    launch_combine(cp, std::is_same_v<Elem, __half> ? ElemType::f16 : ElemType::bf16,
-                   has_programmatic_launch(p.device.id), stream);
+    launch_combine(cp, std::is_same_v<Elem, __half> ? ElemType::f16 : ElemType::bf16, overlap, stream);
   }
   check_cuda(cudaGetLastError(), "kernel launch");
 }

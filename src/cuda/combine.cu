@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 #include "cuda/lengths.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/split_rule.cuh"
@@ -50,6 +51,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
   __shared__ float scale[kMaxSplits];
   __shared__ float warp_out[kWarps][kMaxHeadDimV];
   __shared__ float scratch[kWarps];
+  launch_dependents();  // the next attention call's CTAs may start (and wait) now
   const int64_t row = blockIdx.x;
   const int c = int(row % p.dim_c);
   const int bb = int((row / p.dim_c) % p.dim_b);
@@ -143,30 +145,16 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
 
 }  // namespace
 
-template <class Out>
-void launch_combine_as(const CombineParams& p, unsigned blocks, bool overlap_previous, cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  cudaLaunchAttribute overlap[1];
-  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap[0].val.programmaticStreamSerializationAllowed = 1;
-  if (overlap_previous) {
-    config.attrs = overlap;
-    config.numAttrs = 1;
-  }
-  cudaLaunchKernelEx(&config, combine_kernel<Out>, p);
-}
-
 void launch_combine(const CombineParams& p, ElemType out_type, bool overlap_previous, cudaStream_t stream) {
   const int64_t rows = int64_t(p.dim_a) * p.dim_b * p.dim_c;
   if (rows == 0) return;
   const unsigned blocks = unsigned(rows);
   switch (out_type) {
-    case ElemType::bf16: launch_combine_as<__nv_bfloat16>(p, blocks, overlap_previous, stream); break;
-    case ElemType::f16: launch_combine_as<__half>(p, blocks, overlap_previous, stream); break;
-    case ElemType::f32: launch_combine_as<float>(p, blocks, overlap_previous, stream); break;
+    case ElemType::bf16:
+      launch_kernel(combine_kernel<__nv_bfloat16>, blocks, kThreads, 0, overlap_previous, stream, p);
+      break;
+    case ElemType::f16: launch_kernel(combine_kernel<__half>, blocks, kThreads, 0, overlap_previous, stream, p); break;
+    case ElemType::f32: launch_kernel(combine_kernel<float>, blocks, kThreads, 0, overlap_previous, stream, p); break;
   }
 }
 

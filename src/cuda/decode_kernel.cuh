@@ -77,7 +77,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
   constexpr int kDvTiles = T::kHeadDimV / 16;  // mma M tiles of O^T = V^T P^T
   extern __shared__ __align__(16) unsigned char smem_raw[];
 
-  launch_dependents();  // the combine's CTAs may start their prologue now
+  wait_for_prerequisites();  // this kernel may overlap the stream's previous one (launch.cuh)
+  // The combine's CTAs may start their prologue now: what it reads before its own wait (lengths,
+  // split counts) was complete before this kernel's wait returned.
+  launch_dependents();
   const int hk = blockIdx.y;
   CtaColumn col;
   if (!cta_column(p, blockIdx.z, col)) return;

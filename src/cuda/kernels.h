@@ -15,13 +15,13 @@ void launch_append_kv(const AppendParams& p, int max_new_rows, cudaStream_t stre
 template <class Elem>
 void launch_rotate_q(const RotateQParams& p, cudaStream_t stream);
 
-// attention_inst_*.cu: attention for one (dtype, head dims) instantiation.
+// attention_inst_*.cu: attention for one (dtype, head dims) instantiation. overlap_previous
+// (sm_90+): launched to overlap the stream's previous kernel (launch.cuh).
 template <class Elem, int kHeadDim, int kHeadDimV>
-void launch_attention(const AttentionParams& p, cudaStream_t stream);
+void launch_attention(const AttentionParams& p, bool overlap_previous, cudaStream_t stream);
 
 // combine.cu: split partials into out (of out_type) and LSE.
-// overlap_previous (sm_90+): launched with programmatic stream serialization, so its CTAs start
-// while the attention kernel before it finishes (they wait for its results on the device).
+// overlap_previous (sm_90+): launched to overlap the attention kernel before it (launch.cuh).
 void launch_combine(const CombineParams& p, ElemType out_type, bool overlap_previous, cudaStream_t stream);
 
 // prepare.cu: per-batch split counts on the device (kvflash's portable rule, core/split_rule.h)

@@ -16,8 +16,8 @@ struct SplitTiles {
 
 __device__ __forceinline__ SplitTiles split_tiles(const SplitRule& r, int seqlen_q, int seqlen_k) {
   SplitTiles t;
-  t.m_blocks = int((int64_t(seqlen_q > 0 ? seqlen_q : 0) * r.group + r.block_m - 1) / r.block_m);
-  t.n_blocks = (int64_t(seqlen_k > 0 ? seqlen_k : 0) + r.block_n - 1) / r.block_n;
+  t.m_blocks = int(core::ceil_div(int64_t(seqlen_q > 0 ? seqlen_q : 0) * r.group, r.block_m));
+  t.n_blocks = core::ceil_div(seqlen_k > 0 ? seqlen_k : 0, r.block_n);
   return t;
 }
 
