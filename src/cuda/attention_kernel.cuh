@@ -113,25 +113,14 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
   // Last query block first: with causal masks it has the most keys, and launching the longest
   // CTAs first leaves short ones for the tail of the grid.
   const int m_block = gridDim.x - 1 - blockIdx.x;
-  wait_for_prerequisites();  // this kernel may overlap the stream's previous one (launch.cuh)
-  // The combine's CTAs may start their prologue now: what it reads before its own wait (lengths,
-  // split counts) was complete before this kernel's wait returned.
-  launch_dependents();
   const int hk = blockIdx.y;
-  CtaColumn col;
-  if (!cta_column(p, blockIdx.z, col)) return;
-  const SeqLens& seq = col.seq;
-  const int packed_rows = seq.seqlen_q * p.group;
   const int row0 = m_block * T::kBlockM;
-  if (row0 >= packed_rows) return;
-  const core::KeyRange cta_range = cta_keys(p, col, row0, min(row0 + T::kBlockM, packed_rows) - 1);
-  const int n_lo = cta_range.lo, n_hi = cta_range.hi;
-  const bool add_sink = adds_sink(p, col);
-  const RowDestination dst_rows(p, col);
-  if (n_lo >= n_hi && !add_sink) {  // most CTAs of an unused split: no shared memory touched
-    store_empty_rows<Elem>(p, dst_rows, hk, row0, T::kBlockM);
-    return;
-  }
+  CtaStart start;
+  if (!start_cta<Elem>(p, row0, T::kBlockM, start)) return;
+  const SeqLens& seq = start.col.seq;
+  const int packed_rows = start.packed_rows;
+  const int n_lo = start.keys.lo, n_hi = start.keys.hi;
+  const bool add_sink = start.add_sink;
 
   const int tid = threadIdx.x;
   const int wm = tid / 32, lane = tid % 32;
@@ -159,7 +148,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
   }
 
   const Elem* q_base = static_cast<const Elem*>(p.q.data);
-  const int64_t q_batch = p.len.cu_seqlens_q.data ? 0 : int64_t(col.b) * p.q.batch_stride;
+  const int64_t q_batch = p.len.cu_seqlens_q.data ? 0 : int64_t(start.col.b) * p.q.batch_stride;
   load_tile<T::kBlockM, T::kHeadDim, T::kQStride, T::kThreads>(
       sQ, p.headdim / 8, [&](int r) -> RowSource<Elem> {
         const int idx = row0 + r;
@@ -446,7 +435,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
     }
   }
   __syncthreads();
-  store_rows<Elem>(p, dst_rows, hk, row0, T::kBlockM,
+  store_rows<Elem>(p, start.dst_rows, hk, row0, T::kBlockM,
                    [&](int r, int c) { return *reinterpret_cast<const float4*>(sO + r * T::kOStride + c); },
                    [&](int r) { return sLse[r]; });
 }

@@ -72,8 +72,9 @@ __device__ __forceinline__ float sink_log2(const AttentionParams& p, int hk, int
 
 // Where a CTA's finished rows go: out (or the split's partial, see single_split_writes_out).
 struct RowDestination {
-  int b, split, q_offset, packed_rows;
-  bool partial;
+  int b = 0, split = 0, q_offset = 0, packed_rows = 0;
+  bool partial = false;
+  RowDestination() = default;
   __device__ __forceinline__ RowDestination(const AttentionParams& p, const CtaColumn& c)
       : b(c.b), split(c.split), q_offset(c.seq.q_offset), packed_rows(c.seq.seqlen_q * p.group),
         partial(p.num_splits > 1 && (c.splits_b > 1 || !p.single_split_writes_out)) {}
@@ -124,6 +125,36 @@ __device__ __forceinline__ void store_empty_rows(const AttentionParams& p, const
                                                  int row0, int rows) {
   store_rows<Elem>(p, dst_rows, hk, row0, rows, [](int, int) { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); },
                    [](int) { return -INFINITY; });
+}
+
+// What an attention CTA over packed rows [row0, row0 + rows) of KV head blockIdx.y starts from.
+struct CtaStart {
+  CtaColumn col;
+  int packed_rows = 0;   // of the sequence
+  core::KeyRange keys;   // the keys its rows may need in its split
+  bool add_sink = false;
+  RowDestination dst_rows;
+};
+
+// The common start of both attention kernels. False: the CTA is done (nothing to do, or its rows
+// see no key and no sink, and were written as such).
+template <class Elem>
+__device__ __forceinline__ bool start_cta(const AttentionParams& p, int row0, int rows, CtaStart& s) {
+  wait_for_prerequisites();  // the kernel may overlap the stream's previous one (launch.cuh)
+  // The combine's CTAs may start their prologue now: what it reads before its own wait (lengths,
+  // split counts) was complete before this kernel's wait returned.
+  launch_dependents();
+  if (!cta_column(p, blockIdx.z, s.col)) return false;
+  s.packed_rows = s.col.seq.seqlen_q * p.group;
+  if (row0 >= s.packed_rows) return false;
+  s.keys = cta_keys(p, s.col, row0, min(row0 + rows, s.packed_rows) - 1);
+  s.add_sink = adds_sink(p, s.col);
+  s.dst_rows = RowDestination(p, s.col);
+  if (s.keys.lo >= s.keys.hi && !s.add_sink) {  // most CTAs of an unused split: no shared memory touched
+    store_empty_rows<Elem>(p, s.dst_rows, blockIdx.y, row0, rows);
+    return false;
+  }
+  return true;
 }
 
 // Softmax scores reach log2 units through exp_scale, folded into the exponent's FFMA (one

@@ -77,24 +77,14 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
   constexpr int kDvTiles = T::kHeadDimV / 16;  // mma M tiles of O^T = V^T P^T
   extern __shared__ __align__(16) unsigned char smem_raw[];
 
-  wait_for_prerequisites();  // this kernel may overlap the stream's previous one (launch.cuh)
-  // The combine's CTAs may start their prologue now: what it reads before its own wait (lengths,
-  // split counts) was complete before this kernel's wait returned.
-  launch_dependents();
   const int hk = blockIdx.y;
-  CtaColumn col;
-  if (!cta_column(p, blockIdx.z, col)) return;
-  const SeqLens& seq = col.seq;
-  const int packed_rows = seq.seqlen_q * p.group;
   const int row0 = blockIdx.x * T::kRows;
-  if (row0 >= packed_rows) return;
-  const core::KeyRange range = cta_keys(p, col, row0, min(row0 + T::kRows, packed_rows) - 1);
-  const bool add_sink = adds_sink(p, col);
-  const RowDestination dst_rows(p, col);
-  if (range.lo >= range.hi && !add_sink) {
-    store_empty_rows<Elem>(p, dst_rows, hk, row0, T::kRows);
-    return;
-  }
+  CtaStart start;
+  if (!start_cta<Elem>(p, row0, T::kRows, start)) return;
+  const SeqLens& seq = start.col.seq;
+  const int packed_rows = start.packed_rows;
+  const core::KeyRange range = start.keys;
+  const bool add_sink = start.add_sink;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -125,7 +115,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
   // and 16 kk + 2t + 8 (+1); zero past the sequence and past the real head dim.
   uint32_t q_frag[kRT][kKSteps][2];
   const Elem* q_base = static_cast<const Elem*>(p.q.data);
-  const int64_t q_batch = p.len.cu_seqlens_q.data ? 0 : int64_t(col.b) * p.q.batch_stride;
+  const int64_t q_batch = p.len.cu_seqlens_q.data ? 0 : int64_t(start.col.b) * p.q.batch_stride;
 #pragma unroll
   for (int nt = 0; nt < kRT; ++nt) {
     const int idx = row0 + 8 * nt + g;
@@ -371,7 +361,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
   }
   __syncthreads();
   store_rows<Elem>(
-      p, dst_rows, hk, row0, T::kRows,
+      p, start.dst_rows, hk, row0, T::kRows,
       [&](int r, int c) {
         float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
