@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 
 #include <array>
-#include <cstdlib>
 #include <atomic>
 #include <string>
 
@@ -160,7 +159,6 @@ bool has_programmatic_launch(int device) {
   if (v == 0) {
     int major = 0;
     v = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 ? 2 : 1;
-    if (std::getenv("KVFLASH_TMP_NO_PDL")) v = 1;
     known[device].store(v, std::memory_order_relaxed);
   }
   return v == 2;
