@@ -1,8 +1,7 @@
 // Merging split-KV partials through their LSE (FA3's combine): one CTA per output row, its
-// warps spread over the splits (warp w takes the partial rows of splits w, w + kWarps, ...; each
-// warp reduces all the LSEs itself, so one CTA barrier merges the warps at the end). The first
-// kWarps x kBatch partial rows load together with the LSEs, so a row of up to 64 splits costs one
-// memory round trip after the attention kernel.
+// threads spread over the splits (the LSEs, and the partial rows, warp w taking splits w,
+// w + kWarps, ...). The first kWarps x kBatch partial rows load together with the LSEs, so a row
+// of up to 64 splits costs one memory round trip after the attention kernel.
 // A split whose LSE is -inf (empty) adds nothing: its partial row is selected away, never
 // multiplied, so garbage or NaN in it cannot leak; a row with every split empty gets out 0 and
 // LSE -inf.
@@ -33,19 +32,25 @@ __device__ __forceinline__ void store(void* base, int64_t at, float v) {
   else static_cast<Out*>(base)[at] = from_float<Out>(v);
 }
 
-// The warp-wide max (is_max) or sum of v; every lane gets it.
-__device__ __forceinline__ float warp_reduce(float v, bool is_max) {
+// The CTA-wide max (is_max) or sum of v; every thread gets it.
+__device__ float block_reduce(float v, bool is_max, float* scratch) {
   for (int o = 16; o > 0; o /= 2) {
     const float other = __shfl_xor_sync(0xffffffffu, v, o);
     v = is_max ? fmaxf(v, other) : v + other;
   }
-  return v;
+  __syncthreads();  // the previous reduction's readers are done with scratch
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  float r = scratch[0];
+  for (int w = 1; w < kWarps; ++w) r = is_max ? fmaxf(r, scratch[w]) : r + scratch[w];
+  return r;
 }
 
 template <class Out>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
-  __shared__ float scale[kWarps][kMaxSplits];
+  __shared__ float scale[kMaxSplits];
   __shared__ float warp_out[kWarps][kMaxHeadDimV];
+  __shared__ float scratch[kWarps];
   launch_dependents();  // the next attention call's CTAs may start (and wait) now
   const int64_t row = blockIdx.x;
   const int c = int(row % p.dim_c);
@@ -85,33 +90,30 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
   };
   load_round(warp);
 
-  // Every warp reduces all the LSEs itself (lane l holds splits l, l + 32, ...): no CTA barrier
-  // before the partial rows can be scaled.
-  constexpr int kPerLane = kMaxSplits / 32;
-  float lse_s[kPerLane];
+  constexpr int kPerThread = kMaxSplits / kThreads;
+  float lse_s[kPerThread];
   float max_lse = -INFINITY;
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int s = lane + 32 * i;
+  for (int i = 0; i < kPerThread; ++i) {
+    const int s = tid + i * kThreads;
     lse_s[i] = s < splits ? lse_row[s * p.lp_split] : -INFINITY;
     max_lse = fmaxf(max_lse, lse_s[i]);
   }
-  max_lse = warp_reduce(max_lse, true);
+  max_lse = block_reduce(max_lse, true, scratch);
   const bool empty = max_lse == -INFINITY || isnan(max_lse);
   float sum = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
+  for (int i = 0; i < kPerThread; ++i) {
     if (!empty && lse_s[i] != -INFINITY) sum += expf(lse_s[i] - max_lse);
   }
-  sum = warp_reduce(sum, false);
+  sum = block_reduce(sum, false, scratch);
   const float lse = empty ? -INFINITY : max_lse + logf(sum);
-  // Weight of each split (0 for an empty split or row), in this warp's own row of `scale`.
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int s = lane + 32 * i;
-    if (s < splits) scale[warp][s] = empty || lse_s[i] == -INFINITY ? 0.0f : expf(lse_s[i] - lse);
+  for (int i = 0; i < kPerThread; ++i) {
+    const int s = tid + i * kThreads;
+    if (s < splits) scale[s] = empty || lse_s[i] == -INFINITY ? 0.0f : expf(lse_s[i] - lse);
   }
-  __syncwarp();
+  __syncthreads();
 
   float acc[kLaneChannels];
 #pragma unroll
@@ -121,7 +123,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int s = s0 + u * kWarps;
-      const float sc = s < splits ? scale[warp][s] : 0.0f;
+      const float sc = s < splits ? scale[s] : 0.0f;
 #pragma unroll
       for (int k = 0; k < kLaneChannels; ++k) acc[k] = sc != 0.0f ? fmaf(sc, x[u][k], acc[k]) : acc[k];
     }
