@@ -42,7 +42,7 @@ struct DecodeTraits {
   static constexpr int kWidest = kHeadDim > kHeadDimV ? kHeadDim : kHeadDimV;
   // Two buffers per warp up to head dim 128: one step computes while the next loads (H200, 32/8
   // heads, d 128: three CTAs, 12 warps, per SM keep ~100 KB of loads in flight per SM, more than
-  // DRAM latency needs). Wider heads take one (67 KB at d 256, within every sm80+ GPU's limit;
+  // DRAM latency needs). Wider heads take one (69 KB at d 256, within every sm80+ GPU's limit;
   // the SM's other warps overlap their loads).
   static constexpr int kStages = kWidest <= 128 ? 2 : 1;
   // Rows padded by 16 bytes so ldmatrix over 8 consecutive rows hits 8 different bank groups.
@@ -58,7 +58,7 @@ struct DecodeTraits {
   static constexpr int kBufferBytes = kLoopBytes > kEpilogueBytes ? kLoopBytes : kEpilogueBytes;
   static constexpr int kStatsBytes = (2 * kWarps + 1) * kRows * 4;  // per-warp max and sum, LSE
   static constexpr int kSmemBytes = kBufferBytes + kStatsBytes;
-  // Three CTAs per SM at head dims up to 128 (70 KB of shared memory each; the portable split
+  // Three CTAs per SM at head dims up to 128 (72 KB of shared memory each; the portable split
   // rule, core/split_rule.h, counts that many CTA slots per SM).
   static constexpr int kMinBlocks = kWidest <= 128 ? 3 : 1;
   static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0, "head dims are multiples of 16");
