@@ -188,6 +188,19 @@ TEST(PlanHeuristics, PortableSplitsOfOneSequenceNeedNoBatch) {
   EXPECT_EQ(portable_splits_alone(1, 128, 8, 396, 50), 43);  // the b1 x 8192 decode above
 }
 
+TEST(PlanHeuristics, SplitRuleCeilDivIsExactAcrossItsTwoWidths) {
+  // The 32-bit path (both operands below 2^31) and the 64-bit one must agree with exact arithmetic,
+  // at the edges where a 32-bit sum a + b - 1 would overflow a signed int.
+  const int64_t big = int64_t{1} << 31;
+  const int64_t values[] = {0, 1, 2, 63, 64, 65, 8191, big - 2, big - 1, big, big + 1, big * 7 + 3};
+  for (const int64_t a : values) {
+    for (const int64_t b : {int64_t{1}, int64_t{3}, int64_t{64}, big - 1, big, big + 5}) {
+      const int64_t want = a / b + (a % b != 0 ? 1 : 0);
+      EXPECT_EQ(ceil_div(a, b), want) << a << " / " << b;
+    }
+  }
+}
+
 TEST(PlanHeuristics, PackGqa) {
   EXPECT_TRUE(should_pack_gqa(true, 128, 4, 128));    // varlen q
   EXPECT_TRUE(should_pack_gqa(false, 1, 8, 128));     // 1/128 filled vs 8/128
