@@ -115,34 +115,37 @@ void load_scaled_row(DType dtype, const void* src, int n, float scale, float* ds
   for (int c = 0; c < n; ++c) dst[c] *= scale;
 }
 
-// Query rows of the task (row = position * heads_per_task + head within the task), rotated when
-// rotary is on, scaled by query_scale.
+// fn(i, h, row) for each row of the task's first `positions` query positions: query index i in the
+// sequence, query head h, and row = position * heads_per_task + head within the task.
+template <class Fn>
+void for_each_task_row(const Context& c, const Task& t, int positions, Fn fn) {
+  const int heads = c.heads_per_task();
+  for (int ip = 0; ip < positions; ++ip) {
+    for (int hl = 0; hl < heads; ++hl) fn(t.first_position + ip, t.first_head_k * c.p.group + hl, ip * heads + hl);
+  }
+}
+
+// Query rows of the task, rotated when rotary is on, scaled by query_scale.
 void load_queries(const Context& c, const Task& t, int positions, Scratch& w) {
   const core::Problem& p = c.p;
   const core::SeqInfo& seq = c.seqs[size_t(t.b)];
-  const int heads = c.heads_per_task();
-  for (int ip = 0; ip < positions; ++ip) {
-    const int i = t.first_position + ip;
-    for (int hl = 0; hl < heads; ++hl) {
-      const int row = ip * heads + hl;
-      const int h = t.first_head_k * p.group + hl;
-      const float scale = query_scale(p, t.b, h / p.group);
-      if (c.use_k) {
-        float* q = &w.q[size_t(row) * size_t(c.dim)];
-        load_row(p.args.q->dtype, SeqRows(*p.args.q, t.b, seq.q_offset).row(i, h), p.headdim, q);
-        if (c.rotary.enabled()) {
-          // Rotated in fp32 and rounded to q's type, as if q had been rotated in memory.
-          c.rotary.rotate(q, seq.rotary_start + (p.rotate_q_per_row ? i : 0));
-          round_row(p.args.q->dtype, q, p.rotary_dim);
-        }
-        for (int x = 0; x < p.headdim; ++x) q[x] *= scale;
+  for_each_task_row(c, t, positions, [&](int i, int h, int row) {
+    const float scale = query_scale(p, t.b, h / p.group);
+    if (c.use_k) {
+      float* q = &w.q[size_t(row) * size_t(c.dim)];
+      load_row(p.args.q->dtype, SeqRows(*p.args.q, t.b, seq.q_offset).row(i, h), p.headdim, q);
+      if (c.rotary.enabled()) {
+        // Rotated in fp32 and rounded to q's type, as if q had been rotated in memory.
+        c.rotary.rotate(q, seq.rotary_start + (p.rotate_q_per_row ? i : 0));
+        round_row(p.args.q->dtype, q, p.rotary_dim);
       }
-      if (p.has_qv) {
-        load_scaled_row(p.args.qv->dtype, SeqRows(*p.args.qv, t.b, seq.q_offset).row(i, h),
-                        p.headdim_v, scale, &w.qv[size_t(row) * size_t(c.dim_v)]);
-      }
+      for (int x = 0; x < p.headdim; ++x) q[x] *= scale;
     }
-  }
+    if (p.has_qv) {
+      load_scaled_row(p.args.qv->dtype, SeqRows(*p.args.qv, t.b, seq.q_offset).row(i, h),
+                      p.headdim_v, scale, &w.qv[size_t(row) * size_t(c.dim_v)]);
+    }
+  });
 }
 
 // The cache rows of keys [first, n1) of the block starting at n0, for the task's KV heads, into
@@ -273,29 +276,23 @@ void write_rows(const Context& c, const Task& t, int positions, Scratch& w) {
   const core::Problem& p = c.p;
   const core::SeqInfo& seq = c.seqs[size_t(t.b)];
   const SeqRows out(c.outputs.out, t.b, seq.q_offset);
-  const int heads = c.heads_per_task();
-  for (int ip = 0; ip < positions; ++ip) {
-    const int i = t.first_position + ip;
-    for (int hl = 0; hl < heads; ++hl) {
-      const int row = ip * heads + hl;
-      const int h = t.first_head_k * p.group + hl;
-      const float out_scale = p.fp8 ? descale_at(p.args.v_descale, t.b, h / p.group) : 1.0f;
-      float* acc = &w.acc[size_t(row) * size_t(c.dim_v)];
-      const float lse = finalize_row(w.m[size_t(row)], w.l[size_t(row)], sink_of(p, h, t.split),
-                                     out_scale, acc, p.headdim_v);
-      if (c.partials) {
-        const HeadRowIndex lse_at(c.partials->lse, p.varlen_q, true);
-        const HeadRowIndex out_at(c.partials->out, p.varlen_q, true);
-        *lse_at.ptr(t.split, t.b, h, i, seq.q_offset) = lse;
-        std::copy(acc, acc + p.headdim_v, out_at.ptr(t.split, t.b, h, i, seq.q_offset));
-        continue;
-      }
-      store_row(c.outputs.out.dtype, acc, p.headdim_v, out.row(i, h));
-      if (c.outputs.softmax_lse) {
-        *HeadRowIndex(*c.outputs.softmax_lse, p.varlen_q, false).ptr(0, t.b, h, i, seq.q_offset) = lse;
-      }
+  for_each_task_row(c, t, positions, [&](int i, int h, int row) {
+    const float out_scale = p.fp8 ? descale_at(p.args.v_descale, t.b, h / p.group) : 1.0f;
+    float* acc = &w.acc[size_t(row) * size_t(c.dim_v)];
+    const float lse = finalize_row(w.m[size_t(row)], w.l[size_t(row)], sink_of(p, h, t.split),
+                                   out_scale, acc, p.headdim_v);
+    if (c.partials) {
+      const HeadRowIndex lse_at(c.partials->lse, p.varlen_q, true);
+      const HeadRowIndex out_at(c.partials->out, p.varlen_q, true);
+      *lse_at.ptr(t.split, t.b, h, i, seq.q_offset) = lse;
+      std::copy(acc, acc + p.headdim_v, out_at.ptr(t.split, t.b, h, i, seq.q_offset));
+      return;
     }
-  }
+    store_row(c.outputs.out.dtype, acc, p.headdim_v, out.row(i, h));
+    if (c.outputs.softmax_lse) {
+      *HeadRowIndex(*c.outputs.softmax_lse, p.varlen_q, false).ptr(0, t.b, h, i, seq.q_offset) = lse;
+    }
+  });
 }
 
 void run_task(const Context& c, const Task& t, Scratch& w) {
