@@ -1,4 +1,4 @@
-// `kvflash bench`: decode (batch x context) and prefill (sequence length) sweeps, timed as the
+// `kvflash bench`: decode (batch x context) and prefill (prompts x length) sweeps, timed as the
 // median of repeats after warm-up, beside the device's ceilings measured in the same run: decode
 // rows report K/V GB/s and % of the memory bandwidth ceiling, prefill rows GFLOP/s and % of the
 // matrix-product ceiling. Each call has its Plan and workspace made beforehand (as an engine's
@@ -28,6 +28,7 @@ struct BenchConfig {
   std::vector<int64_t> batches{1, 8, 16};
   std::vector<int64_t> contexts{1024, 4096, 16384};
   std::vector<int64_t> prefill_lengths{512, 2048, 4096};
+  int64_t prefill_batch = 1;  // prompts per prefill call (batch x length)
   std::vector<DType> dtypes{DType::bf16, DType::f16};
   AttentionShape shape;
   int64_t page_size = 16;
@@ -58,6 +59,7 @@ BenchConfig parse_bench_config(Options& options) {
   c.batches = options.integers("batch", c.batches);
   c.contexts = options.integers("context", c.contexts);
   c.prefill_lengths = options.integers("prefill", c.prefill_lengths);
+  c.prefill_batch = options.integer("prefill-batch", c.prefill_batch, 1, 4096);
   std::vector<std::string> dtype_names;
   for (DType d : c.dtypes) dtype_names.push_back(short_dtype_name(d));
   c.dtypes.clear();
@@ -311,10 +313,10 @@ int bench_command(Options& options) {
       }
     }
     for (int64_t length : config.prefill_lengths) {
-      // Prefill is compute-bound: one sequence, one cache (no layer cycling).
-      rows.push_back(bench_shape(*memory, config, dtype, 1, length, length, 0, ceilings, rng));
-      std::fprintf(stderr, "prefill %s length %lld: %.3f ms\n", short_dtype_name(dtype),
-                   (long long)length, rows.back().median_ms);
+      // Prefill is compute-bound: --prefill-batch prompts, one cache (no layer cycling).
+      rows.push_back(bench_shape(*memory, config, dtype, config.prefill_batch, length, length, 0, ceilings, rng));
+      std::fprintf(stderr, "prefill %s batch %lld length %lld: %.3f ms\n", short_dtype_name(dtype),
+                   (long long)config.prefill_batch, (long long)length, rows.back().median_ms);
     }
   }
   print_table(rows, ceilings);

@@ -26,6 +26,7 @@ commands:
           memory read, fp32 GEMM; CUDA: device copy, bf16 cuBLAS GEMM; calls planned beforehand,
           CUDA passes replayed as graphs); prints a table and writes CSV or JSON.
             --batch 1,8,16 --context 1024,4096,16384 --prefill 512,2048,4096 (or none)
+            --prefill-batch 1 (prompts per prefill row)
             --dtype bf16,fp16 --heads 32 --kv-heads 8 --head-dim 128 --page-size 16
             --threads 0 --device auto|cpu|cuda --num-splits 0 (heuristic) --repeats 7
             --warmup 2 --min-working-set-mib 1024 --bandwidth-mib 3072 --format csv|json --out FILE

@@ -54,11 +54,15 @@ sanitize() {  # sanitize TOOL CASES FIRST_SEED
 step memcheck memcheck.log sanitize memcheck "$MEMCHECK_CASES" 5001
 step racecheck racecheck.log sanitize racecheck "$RACECHECK_CASES" 7001
 step bench bench.log "$RUNNER" bench
-# The floors by the program users run: paged decode (page 16, 32/8 heads, d 128) and dense prefill.
+# The floors by the program users run: paged decode (page 16, 32/8 heads, d 128), dense prefill,
+# and batched prefill (32 prompts of 512, causal, page 16: thousands of short CTAs, where a launch
+# regression shows that one long sequence hides; issue 13: 548 us before it, 992 us with it).
 floors() {
   "$BUILD/kvflash" bench --device cuda --batch 1,64 --context 8192 --prefill none --dtype bf16 &&
     "$BUILD/kvflash" bench --device cuda --batch 1 --context 1024 --prefill 16384 --dtype bf16 --non-causal \
-      --heads 16 --kv-heads 16 --page-size 0
+      --heads 16 --kv-heads 16 --page-size 0 &&
+    "$BUILD/kvflash" bench --device cuda --context none --prefill 512 --prefill-batch 32 --dtype bf16 \
+      --heads 16 --kv-heads 16 --page-size 16
 }
 step floors floors.log floors
 
