@@ -36,11 +36,14 @@ if(KVFLASH_CUDA_MINIMAL)
   target_compile_definitions(kvflash_lib PRIVATE KVFLASH_CUDA_MINIMAL=1)
   set(_kvflash_archs 80)
 else()
-  set(_kvflash_archs 80 90a)
+  # The architectures of the portable kernels (a GPU-machine-only build may name just its own).
+  set(KVFLASH_CUDA_ARCHS "80;90a" CACHE STRING "CUDA architectures of the portable kernels (full builds)")
+  set(_kvflash_archs ${KVFLASH_CUDA_ARCHS})
 endif()
 
-target_sources(kvflash_lib PRIVATE ${KVFLASH_CUDA_SOURCES})
+target_sources(kvflash_lib PRIVATE ${KVFLASH_CUDA_SOURCES} src/cuda/sm90/prefill_rule.cpp)
 set_target_properties(kvflash_lib PROPERTIES CUDA_ARCHITECTURES "${_kvflash_archs}")
+
 # CUDA takes the project's C++20; CMake 3.25 does not know nvcc 13's flag for it.
 if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
   set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
@@ -51,11 +54,27 @@ target_compile_options(kvflash_lib PRIVATE
 target_compile_definitions(kvflash_lib PUBLIC KVFLASH_WITH_CUDA=1)
 target_link_libraries(kvflash_lib PUBLIC CUDA::cudart_static)
 
+# The Hopper prefill family (src/cuda/sm90): wgmma / TMA / setmaxnreg exist only on sm_90a, so its
+# files build apart, for that target alone, and only in full builds with the CUTLASS headers (CI's
+# minimal build leaves them out: sm90::prefill_takes then says no and the sm80 kernels run).
+if(NOT KVFLASH_CUDA_MINIMAL AND KVFLASH_CUTLASS_INCLUDE AND EXISTS "${KVFLASH_CUTLASS_INCLUDE}/cute")
+  file(GLOB KVFLASH_SM90_SOURCES CONFIGURE_DEPENDS src/cuda/sm90/*.cu)
+  add_library(kvflash_sm90 OBJECT ${KVFLASH_SM90_SOURCES})
+  set_target_properties(kvflash_sm90 PROPERTIES CUDA_ARCHITECTURES 90a CUDA_STANDARD 20)
+  target_include_directories(kvflash_sm90 PRIVATE include src "${KVFLASH_CUTLASS_INCLUDE}")
+  target_compile_options(kvflash_sm90 PRIVATE --expt-relaxed-constexpr -lineinfo -Xptxas=--warn-on-spills)
+  target_sources(kvflash_lib PRIVATE $<TARGET_OBJECTS:kvflash_sm90>)
+  target_compile_definitions(kvflash_lib PRIVATE KVFLASH_WITH_SM90=1)
+endif()
+
 # The GPU test runner (tests/gpu/run.sh builds and runs it on a GPU machine).
 option(KVFLASH_GPU_TESTS "Build tests/gpu's kvflash_gpu_runner" OFF)
 if(KVFLASH_GPU_TESTS)
   file(GLOB KVFLASH_GPU_TEST_SOURCES CONFIGURE_DEPENDS tests/gpu/*.cpp)
   add_executable(kvflash_gpu_runner ${KVFLASH_GPU_TEST_SOURCES})
+  if(TARGET kvflash_sm90)
+    target_compile_definitions(kvflash_gpu_runner PRIVATE KVFLASH_WITH_SM90=1)
+  endif()
   target_include_directories(kvflash_gpu_runner PRIVATE src tests)
   target_link_libraries(kvflash_gpu_runner PRIVATE kvflash_lib kvflash_oracle CUDA::cudart_static)
 endif()

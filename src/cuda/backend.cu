@@ -15,6 +15,7 @@
 #include "core/planner.h"
 #include "core/split_rule.h"
 #include "cuda/kernels.h"
+#include "cuda/sm90/prefill.h"
 
 namespace kvflash {
 namespace cuda {
@@ -185,6 +186,21 @@ void launch_attention_for(const AttentionParams& ap, int d, int dv, bool overlap
 #endif
 }
 
+// The sm90 prefill family (sm90/prefill.h), for the calls sm90::prefill_takes accepts.
+template <class Elem>
+void launch_prefill_sm90(const AttentionParams& ap, int headdim, int group, cudaStream_t stream) {
+#if defined(KVFLASH_WITH_SM90)
+  switch (headdim) {
+    case 64: return sm90::launch_prefill_rung<Elem, 64>(ap, group, sm90::kBestRung, stream);
+    case 128: return sm90::launch_prefill_rung<Elem, 128>(ap, group, sm90::kBestRung, stream);
+    default: return sm90::launch_prefill_rung<Elem, 256>(ap, group, sm90::kBestRung, stream);
+  }
+#else
+  (void)ap, (void)headdim, (void)group, (void)stream;
+  unsupported("q", "the sm90 prefill family in this build is");
+#endif
+}
+
 template <class Elem>
 void run_typed(const core::Problem& p, const Plan& plan, const Outputs& outputs, char* ws,
                const WorkspaceLayout& layout, cudaStream_t stream) {
@@ -327,7 +343,11 @@ void run_typed(const core::Problem& p, const Plan& plan, const Outputs& outputs,
   }
 
   const bool overlap = has_programmatic_launch(p.device.id);  // launch.cuh
-  launch_attention_for<Elem>(at, p.headdim, p.headdim_v, overlap, stream);
+  if (sm90::prefill_takes(p, plan)) {
+    launch_prefill_sm90<Elem>(at, p.headdim, p.group, stream);
+  } else {
+    launch_attention_for<Elem>(at, p.headdim, p.headdim_v, overlap, stream);
+  }
   if (plan.num_splits > 1) {
     launch_combine(cp, std::is_same_v<Elem, __half> ? ElemType::f16 : ElemType::bf16, overlap, stream);
   }

@@ -81,13 +81,15 @@ struct RowDestination {
 };
 
 // Writes rows [row0, row0 + rows) of KV head hk from value(r, c) -> float4 of channels c..c+3,
-// and their LSE from lse(r); rows past the sequence are skipped. Every thread of the CTA takes part.
+// and their LSE from lse(r); rows past the sequence are skipped. Threads [0, threads) take part
+// (every thread of the CTA unless the kernel says otherwise; `thread` is this one's index).
 template <class Elem, class Value, class Lse>
 __device__ __forceinline__ void store_rows(const AttentionParams& p, const RowDestination& dst_rows, int hk,
-                                           int row0, int rows, Value value, Lse lse) {
+                                           int row0, int rows, Value value, Lse lse, int thread = threadIdx.x,
+                                           int threads = blockDim.x) {
   const int dv_quads = p.headdim_v / 4;
   const int64_t out_batch = p.len.cu_seqlens_q.data ? 0 : dst_rows.b;
-  for (int e = threadIdx.x; e < rows * dv_quads; e += blockDim.x) {
+  for (int e = thread; e < rows * dv_quads; e += threads) {
     const int r = e / dv_quads;
     const int ch = (e - r * dv_quads) * 4;
     const int idx = row0 + r;

@@ -5,7 +5,10 @@
 //                                                     differential cases (unsupported ones skipped);
 //                                                     only = split | prefill keeps just the cases
 //                                                     that split KV / use the prefill tile shape
-//                                                     (for the sanitizers' subsets)
+//                                                     (for the sanitizers' subsets); sm90 draws
+//                                                     prefill shapes and keeps the calls the
+//                                                     Hopper prefill family takes
+//   kvflash_gpu_runner sm90bench                      the sm90 family's rungs timed (sm90_bench.cpp)
 //   kvflash_gpu_runner graph                          capture a decode step, replay with new lengths
 //   kvflash_gpu_runner combine                        kvflash::combine on the GPU vs the CPU
 //   kvflash_gpu_runner bench [case]                   the speed floors (decode64, decode1,
@@ -25,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "core/problem.h"
+#include "cuda/sm90/prefill.h"
 #include "kvflash/kvflash.h"
 #include "oracle/oracle.h"
 #include "oracle/random_case.h"
@@ -76,10 +81,11 @@ struct Tally {
   int caller_partials = 0, device_metadata = 0;
 };
 
-// Whether a case belongs to the subset `only` names ("" = every case).
-bool in_subset(const std::string& only, const KvCacheArgs& a, int splits) {
+// Whether a case belongs to the subset `only` names ("" = every case); `dev` is its device call.
+bool in_subset(const std::string& only, const KvCacheArgs& a, const KvCacheArgs& dev, int splits) {
   if (only.empty()) return true;
   if (only == "split") return splits > 1;
+  if (only == "sm90") return cuda::sm90::prefill_takes(core::resolve(dev), make_plan(dev));
   if (only == "prefill") {  // more than 16 packed query rows: the prefill tile shape
     const int64_t rows_per_seq = a.cu_seqlens_q ? a.max_seqlen_q.value_or(0) : a.q->size(1);
     return rows_per_seq * (a.q->size(-2) / a.k_cache->size(-2)) > 16;
@@ -90,8 +96,11 @@ bool in_subset(const std::string& only, const KvCacheArgs& a, int splits) {
 int run_random(int count, uint64_t first_seed, const std::string& only) {
   Tally tally;
   const auto start = std::chrono::steady_clock::now();
+  // The sm90 subset draws prefill shapes: head dims the family compiles, >= 64 query rows.
+  oracle::CaseLimits limits;
+  if (only == "sm90") limits.headdims = {64, 128, 256}, limits.min_seqlen_q = 64, limits.max_seqlen_q = 512;
   for (uint64_t seed = first_seed; tally.passed + tally.failed < count && seed < first_seed + 20 * count; ++seed) {
-    oracle::Case c = oracle::make_random_case(seed);
+    oracle::Case c = oracle::make_random_case(seed, limits);
     if (!cuda_supports(c.args)) {
       ++tally.skipped;
       continue;
@@ -106,7 +115,7 @@ int run_random(int count, uint64_t first_seed, const std::string& only) {
       try {
         const OutputSpec spec = output_spec(dev);
         splits = spec.num_splits;
-        if (!in_subset(only, c.args, splits)) {
+        if (!in_subset(only, c.args, dev, splits)) {
           ++tally.skipped;
           continue;
         }
@@ -165,6 +174,7 @@ int run_random(int count, uint64_t first_seed, const std::string& only) {
 int run_graph();    // graph_test.cpp
 int run_combine();  // combine_test.cpp
 int run_bench(const std::string& only);  // bench.cpp: "" for every case
+int run_sm90_bench();                    // sm90_bench.cpp
 
 }  // namespace kvflash::gpu_test
 
@@ -179,6 +189,7 @@ int main(int argc, char** argv) {
   if (mode == "graph") return run_graph();
   if (mode == "combine") return run_combine();
   if (mode == "bench") return run_bench(argc > 2 ? argv[2] : "");
-  std::fprintf(stderr, "usage: %s random <count> [first_seed] [split|prefill] | graph | combine | bench [case]\n", argv[0]);
+  if (mode == "sm90bench") return run_sm90_bench();
+  std::fprintf(stderr, "usage: %s random <count> [first_seed] [split|prefill|sm90] | graph | combine | bench [case] | sm90bench\n", argv[0]);
   return 2;
 }

@@ -42,6 +42,9 @@ fi
  done) >"$OUT/resources.txt" 2>&1
 
 step random random.log "$RUNNER" random "$CASES" 1
+# The Hopper prefill family (sm_90 only): random prefill-shaped calls it takes, then its rungs timed.
+step sm90 sm90.log "$RUNNER" random "${SM90_CASES:-1000}" 1 sm90
+step sm90bench sm90bench.log "$RUNNER" sm90bench
 step graph graph.log "$RUNNER" graph
 step combine combine.log "$RUNNER" combine
 # Sanitizers: any cases, then the split-KV and prefill-shaped subsets (the decode shape dominates
@@ -49,7 +52,8 @@ step combine combine.log "$RUNNER" combine
 sanitize() {  # sanitize TOOL CASES FIRST_SEED
   local t="timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool $1 --error-exitcode 9"
   $t "$RUNNER" random "$2" "$3" && $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 100 ))" split &&
-    $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 200 ))" prefill && $t "$RUNNER" graph
+    $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 200 ))" prefill &&
+    $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 300 ))" sm90 && $t "$RUNNER" graph
 }
 step memcheck memcheck.log sanitize memcheck "$MEMCHECK_CASES" 5001
 step racecheck racecheck.log sanitize racecheck "$RACECHECK_CASES" 7001
@@ -69,8 +73,10 @@ step floors floors.log floors
 echo
 echo "=== summary ($(head -1 "$OUT/resources.txt")) ==="
 printf '%-10s %s\n' step result
-for s in build random graph combine memcheck racecheck bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
+for s in build random sm90 sm90bench graph combine memcheck racecheck bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
 grep -h "^random:" "$OUT/random.log" || true
+grep -h "^random sm90" "$OUT/sm90.log" || true
+grep -h "^sm90bench\|^b[0-9]" "$OUT/sm90bench.log" || true
 grep -h "^random " "$OUT/memcheck.log" "$OUT/racecheck.log" || true
 grep -h "^graph:" "$OUT/graph.log" || true
 grep -h "^combine" "$OUT/combine.log" | tail -3 || true

@@ -86,7 +86,11 @@ const char* dtype_tag(DType d) {
   }
 }
 
-void draw_dims(Rng& rng, Config& c) {
+void draw_dims(Rng& rng, Config& c, const CaseLimits& limits) {
+  if (!limits.headdims.empty()) {
+    c.headdim = c.headdim_v = limits.headdims[rng.uniform(0, static_cast<int>(limits.headdims.size()) - 1)];
+    return;
+  }
   const double r = rng.real();
   const bool sixteen_bit = c.dtype == DType::f16 || c.dtype == DType::bf16;
   // MLA-style qv (d <= 64, d_v >= 256): fp16/bf16 upstream, and fp32 on kvflash's CPU backend.
@@ -135,8 +139,11 @@ void draw_lengths(Rng& rng, Config& c, const CaseLimits& limits) {
     max_ctx = std::min(1024, limits.max_context);
   }
   fit_work(c, max_work, max_q, max_ctx);
-  const bool decode = rng.chance(0.35);
-  auto draw_q = [&] { return decode ? 1 : rng.uniform(large ? (max_q + 1) / 2 : 1, max_q); };
+  max_q = std::max(max_q, limits.min_seqlen_q);
+  const bool decode = limits.min_seqlen_q <= 1 && rng.chance(0.35);
+  auto draw_q = [&] {
+    return decode ? 1 : rng.uniform(std::max(large ? (max_q + 1) / 2 : 1, limits.min_seqlen_q), max_q);
+  };
 
   c.varlen_q = limits.awkward || rng.chance(0.4);
   c.q_lens.assign(c.batch, 0);
@@ -280,7 +287,7 @@ Config draw_config(Rng& rng, const CaseLimits& limits) {
   const int heads[][2] = {{1, 1}, {8, 1}, {32, 8}, {63, 7}, {4, 2}};
   c.heads = heads[heads_choice][0];
   c.heads_k = heads[heads_choice][1];
-  draw_dims(rng, c);
+  draw_dims(rng, c, limits);
   c.batch = limits.awkward ? limits.max_batch : rng.chance(0.5) ? rng.uniform(1, std::min(4, limits.max_batch)) : rng.uniform(1, limits.max_batch);
   draw_lengths(rng, c, limits);
   draw_cache(rng, c, limits);

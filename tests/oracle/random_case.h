@@ -29,6 +29,10 @@ struct CaseLimits {
   // Awkward shapes on every case: batch = max_batch, 63/7 heads, pages of 1 or 3, varlen q with an
   // empty query sequence and a sequence with no keys.
   bool awkward = false;
+  // Prefill-shaped draws (the GPU runner's sm90 mode): d = d_v from this list (empty: any), and
+  // at least this many query rows per sequence (varlen: per non-empty sequence).
+  std::vector<int> headdims;
+  int min_seqlen_q = 1;
 };
 
 class Case {

@@ -1,0 +1,528 @@
+// The Hopper (sm_90a) prefill family: FA3's structure written with CuTe. A CTA owns kBlockM query
+// rows of one query head of one sequence (GQA heads are not packed: K/V head = head / kv_group).
+//  - Warp group 0 is the producer: one thread moves the Q tile and every K / V block by TMA into
+//    128-byte-swizzled shared memory, kStages deep, each completing on an mbarrier
+//    (cutlass::PipelineTmaAsync: full barriers count bytes, empty barriers count consumers).
+//  - kConsumerWGs consumer warp groups (64 rows each) run S = Q K^T as wgmma with both operands in
+//    shared memory, the online softmax in registers, and O += P V as wgmma with P from registers
+//    (the accumulator layout reused as the A fragment) and V^T read through a transposed view.
+//  - With two consumer groups the producer gives its registers to them (setmaxnreg 24 / 240).
+//  - kOverlap: within a group, the S GEMM of block j+1 and the P V GEMM of block j are issued
+//    together and the softmax of block j+1 runs while the tensor cores work (FA3's intra-warpgroup
+//    overlap).
+//  - kPingPong (two groups, with kOverlap): the groups take turns issuing their GEMMs (two named
+//    barriers), so one group's softmax runs while the other's GEMMs use the tensor cores.
+// Key blocks run last to first, so the masked blocks (a causal diagonal, the sequence end) come
+// first. What a CTA reads and where it writes reuse the portable family's helpers (cta_work.cuh):
+// column, key range, visible keys per row (core/mask.h), sinks, and the coalesced row store.
+//
+// Never wrong on unused cache slots: TMA zero-fills rows past a tensor's end; rows past the
+// sequence but inside the cache (any content, NaN too) are masked in S, and in the one block that
+// crosses the sequence end the consumers zero those V rows before P V (0 * NaN would be NaN).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/gemm/collective/builders/sm90_common.inl>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "cuda/cta_work.cuh"
+#include "cuda/params.h"
+
+namespace kvflash::cuda::sm90 {
+
+using namespace cute;
+
+// The CuTe element type of a CUDA one.
+template <class Elem> struct CuteElem;
+template <> struct CuteElem<__nv_bfloat16> { using type = cutlass::bfloat16_t; };
+template <> struct CuteElem<__half> { using type = cutlass::half_t; };
+
+template <class Elem_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kConsumerWGs_, bool kOverlap_,
+          bool kPingPong_ = false>
+struct PrefillTraits {
+  using Elem = Elem_;  // __nv_bfloat16 or __half
+  using E = typename CuteElem<Elem>::type;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
+  static constexpr int kConsumerWGs = kConsumerWGs_;
+  static constexpr bool kOverlap = kOverlap_;
+  static constexpr bool kPingPong = kPingPong_;
+  static_assert(!kPingPong || (kOverlap && kConsumerWGs_ == 2), "ping-pong: two overlapping groups");
+  static constexpr int kConsumerThreads = 128 * kConsumerWGs;
+  static constexpr int kThreads = 128 + kConsumerThreads;
+  // Producer / consumer registers per thread after setmaxnreg (two consumer groups only: with one,
+  // 256 threads already get 255 each).
+  static constexpr bool kReallocate = kConsumerWGs == 2;
+  static_assert(kBlockM == 64 * kConsumerWGs || (kConsumerWGs == 1 && kBlockM == 128), "64 rows per atom");
+
+  using TileQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
+  using TilePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;
+  using AtomLayout = Layout<Shape<Int<kConsumerWGs>, _1, _1>>;
+  using MmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<E, E, float, TileQK>(), AtomLayout{}));
+  using MmaPV = decltype(make_tiled_mma(GMMA::rs_op_selector<E, E, float, TilePV, GMMA::Major::K, GMMA::Major::MN>(),
+                                        AtomLayout{}));
+
+  using SmemAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, E, Int<kBlockM>,
+                                                                                 Int<kHeadDim>>());
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemAtomK = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, E, Int<kBlockN>,
+                                                                                 Int<kHeadDim>>());
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtomK{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutV = SmemLayoutK;
+  // V^T as the P V GEMM's B operand (head dim x keys): the same bytes, a transposed view.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+
+  // Global tensors as TMA sees them: (row, channel, head, batch row or page).
+  using GStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using GShape = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using TmaQ = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<const E*>(nullptr)), GShape{}, GStride{}),
+      SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaKV = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<const E*>(nullptr)), GShape{}, GStride{}),
+      take<0, 2>(SmemLayoutK{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(E);
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(E);
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  struct SharedStorage {
+    cute::array_aligned<E, cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<E, cosize_v<SmemLayoutK>, 1024> k;
+    cute::array_aligned<E, cosize_v<SmemLayoutV>, 1024> v;
+    float lse[kBlockM];
+    alignas(16) cutlass::arch::ClusterTransactionBarrier q_full;
+    typename Pipeline::SharedStorage pipe_k, pipe_v;
+  };
+  // The epilogue's fp32 O tile (rows padded by 4 floats) reuses the Q, K and V tiles.
+  static constexpr int kOStride = kHeadDim + 4;
+  static_assert(kBlockM * kOStride * 4 <= (cosize_v<SmemLayoutQ> + 2 * cosize_v<SmemLayoutK>) * int(sizeof(E)),
+                "the O tile fits over the Q / K / V tiles");
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+};
+
+// Kernel parameters: the portable family's (group 1: one query head per CTA row space) and the TMA
+// descriptors, which must live in parameter space (__grid_constant__).
+template <class T>
+struct PrefillParams {
+  AttentionParams p;
+  int kv_group = 1;           // query heads per K / V head
+  typename T::GShape q_shape, k_shape, v_shape;
+  typename T::TmaQ tma_q;
+  typename T::TmaKV tma_k, tma_v;
+};
+
+// The accumulator's per-thread values ((2, 2, V), M, N) as (rows, columns): rows (2, M),
+// columns (2, V, N). (wgmma C fragment: value (c, r, v) is row r * 8 + lane / 4 of the warp's
+// 16, column v * 8 + 2 (lane % 4) + c.)
+template <class Layout>
+__device__ __forceinline__ constexpr auto rows_cols(Layout l) {
+  return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l)));
+}
+
+// The same values as the A fragment of a 16-bit RS wgmma ((2, 2, 2), M, K / 16): pairs of 8-column
+// groups form one k16 slice.
+template <class Layout>
+__device__ __forceinline__ constexpr auto acc_as_a(Layout l) {
+  auto v = logical_divide(get<0, 2>(l), Tile<_2>{});  // ((2, V / 2))
+  return make_layout(make_layout(get<0, 0>(l), get<0, 1>(l), get<0, 0>(v)), get<1>(l),
+                     coalesce(make_layout(get<0, 1>(v), get<2>(l))));
+}
+
+// C (+)= A B over the K slices of one tile, as one wgmma batch; waits until at most kPending
+// batches of this warp group are in flight (-1: no wait). kRegsA: A is in registers (RS).
+template <bool kZeroInit, int kPending, bool kRegsA = false, class Mma, class TA, class TB, class TC>
+__device__ __forceinline__ void warpgroup_gemm(Mma& mma, TA const& a, TB const& b, TC& c) {
+  if constexpr (kRegsA) warpgroup_fence_operand(const_cast<TA&>(a));
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  if constexpr (kPending >= 0) warpgroup_wait<kPending>();
+  warpgroup_fence_operand(c);
+  if constexpr (kRegsA) warpgroup_fence_operand(const_cast<TA&>(a));
+}
+
+// Where key block n of this CTA's sequence starts in the K / V tensors: (row, unit). Dense: the
+// cache row, keys from leftpad on; paged (page size a multiple of kBlockN, no leftpad): the page
+// holding the block (an out-of-range page id becomes an out-of-bounds unit: TMA fills zeros).
+__device__ __forceinline__ int2 kv_block_origin(const AttentionParams& p, const SeqLens& seq, int key0) {
+  const CacheParams& c = p.cache;
+  if (!c.paged) return make_int2(seq.leftpad + key0, seq.cache_row);
+  const int page_idx = key0 / c.page_size;
+  int page = c.num_pages;  // out of bounds
+  if (page_idx < c.pages_per_seq) {
+    const int id = __ldg(c.page_table + int64_t(seq.cache_row) * c.page_table_row_stride +
+                         int64_t(page_idx) * c.page_table_col_stride);
+    if (id >= 0 && id < c.num_pages) page = id;
+  }
+  return make_int2(key0 - page_idx * c.page_size, page);
+}
+
+// Named barriers (ids past CUTLASS's reserved ones): the consumers' epilogue, each group's V
+// tail, and the two groups' GEMM turns (ping-pong).
+enum Barrier : uint32_t { kEpilogue = 1, kVTail0 = 2, kTurn0 = 4 };
+
+// Ping-pong turns: a group waits for its turn before issuing GEMMs and hands the turn over after.
+template <class T>
+__device__ __forceinline__ void wait_turn(int group) {
+  if constexpr (T::kPingPong) cutlass::arch::NamedBarrier::sync(256, kTurn0 + group);
+}
+template <class T>
+__device__ __forceinline__ void pass_turn(int group) {
+  if constexpr (T::kPingPong) cutlass::arch::NamedBarrier::arrive(256, kTurn0 + (group ^ 1));
+}
+
+template <class T>
+__device__ __forceinline__ void produce(const PrefillParams<T>& params, typename T::SharedStorage& ss,
+                                        typename T::Pipeline& pipe_k, typename T::Pipeline& pipe_v,
+                                        const CtaStart& start, int head, int row0, int n_first, int n_last) {
+  using E = typename T::E;
+  const AttentionParams& p = params.p;
+  const int hk = head / params.kv_group;
+  const SeqLens& seq = start.col.seq;
+  // Q: rows [q_offset + row0, + kBlockM) of this head (varlen: one batch row of all tokens).
+  const int q_batch = p.len.cu_seqlens_q.data ? 0 : start.col.b;
+  Tensor mQ = params.tma_q.get_tma_tensor(params.q_shape)(_, _, head, q_batch);
+  Tensor gQ = local_tile(domain_offset(make_coord(seq.q_offset + row0, _0{}), mQ),
+                         Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, make_coord(_0{}, _0{}));
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  auto q_slice = params.tma_q.get_slice(_0{});
+  ss.q_full.arrive_and_expect_tx(T::kQBytes);
+  copy(params.tma_q.with(reinterpret_cast<uint64_t&>(ss.q_full), 0), q_slice.partition_S(gQ), q_slice.partition_D(sQ));
+
+  Tensor mK = params.tma_k.get_tma_tensor(params.k_shape);
+  Tensor mV = params.tma_v.get_tma_tensor(params.v_shape);
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
+  auto k_slice = params.tma_k.get_slice(_0{});
+  auto v_slice = params.tma_v.get_slice(_0{});
+  cutlass::PipelineState<T::kStages> state;  // producer: starts at phase 1 (buffers empty)
+  state = cutlass::make_producer_start_state<typename T::Pipeline>();
+  for (int n = n_last; n >= n_first; --n) {
+    const int2 at = kv_block_origin(p, seq, n * T::kBlockN);
+    auto tile = Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{};
+    Tensor gK = local_tile(domain_offset(make_coord(at.x, _0{}), mK(_, _, hk, at.y)), tile, make_coord(_0{}, _0{}));
+    Tensor gV = local_tile(domain_offset(make_coord(at.x, _0{}), mV(_, _, hk, at.y)), tile, make_coord(_0{}, _0{}));
+    pipe_k.producer_acquire(state);
+    copy(params.tma_k.with(*pipe_k.producer_get_barrier(state), 0), k_slice.partition_S(gK),
+         k_slice.partition_D(sK(_, _, state.index())));
+    pipe_v.producer_acquire(state);
+    copy(params.tma_v.with(*pipe_v.producer_get_barrier(state), 0), v_slice.partition_S(gV),
+         v_slice.partition_D(sV(_, _, state.index())));
+    ++state;
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void consume(const PrefillParams<T>& params, typename T::SharedStorage& ss,
+                                        typename T::Pipeline& pipe_k, typename T::Pipeline& pipe_v,
+                                        const CtaStart& start, int head, int row0, int n_first, int n_last) {
+  using E = typename T::E;
+  const AttentionParams& p = params.p;
+  const int thread = threadIdx.x - 128;  // among the consumers
+  typename T::MmaQK mma_qk;
+  typename T::MmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(thread);
+  auto thr_pv = mma_pv.get_thread_slice(thread);
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
+  Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutVt{});
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);
+  Tensor tOrV = thr_pv.partition_fragment_B(sVt);
+  Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename T::TilePV{}));
+  clear(tOrO);
+
+  // This thread's rows: their tile index and visible keys [lo, hi) within the CTA's range.
+  Tensor cS = make_identity_tensor(select<0, 1>(typename T::TileQK{}));
+  Tensor tScS = thr_qk.partition_C(cS);
+  Tensor rc = make_tensor(tScS.data(), rows_cols(tScS.layout()));
+  constexpr int kRows = decltype(size<0>(rc))::value;
+  constexpr int kCols = decltype(size<1>(rc))::value;
+  const SeqLens& seq = start.col.seq;
+  const int n_lo = start.keys.lo, n_hi = start.keys.hi;
+  int key_lo[kRows], key_hi[kRows];
+  CUTLASS_PRAGMA_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const int idx = row0 + get<0>(rc(r, 0));
+    const core::KeyRange vis = row_keys(p, seq, idx);
+    key_lo[r] = max(vis.lo, n_lo);
+    key_hi[r] = idx < start.packed_rows ? min(vis.hi, n_hi) : key_lo[r];
+  }
+  // Keys every real row of the CTA sees (the visible ranges are monotone in the row): blocks
+  // inside need no mask.
+  const int last_row = min(row0 + T::kBlockM, start.packed_rows) - 1;
+  const int full_lo = max(row_keys(p, seq, last_row).lo, n_lo);
+  const int full_hi = min(row_keys(p, seq, row0).hi, n_hi);
+
+  const ScoreScale scale(p);
+  const float exp_scale = scale.exp_scale;
+  float row_max[kRows], row_sum[kRows];
+  CUTLASS_PRAGMA_UNROLL
+  for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
+
+  // Masks and exponentiates block n's scores in place; returns each row's rescale of the state.
+  auto softmax = [&](auto& tSrS, int n, auto& alpha) {
+    Tensor s = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
+    const int n0 = n * T::kBlockN;
+    if (!scale.fold) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(s); ++i) s(i) = scale.map(s(i));
+    }
+    if (n0 < full_lo || n0 + T::kBlockN > full_hi) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          const int j = n0 + get<1>(rc(r, c));
+          if (j < key_lo[r] || j >= key_hi[r]) s(r, c) = -INFINITY;
+        }
+      }
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float m = s(r, 0);
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 1; c < kCols; ++c) m = fmaxf(m, s(r, c));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      const float new_max = fmaxf(row_max[r], m * exp_scale);
+      const float base = new_max == -INFINITY ? 0.0f : new_max;  // all masked: exp2(-inf) = 0
+      alpha[r] = fast_exp2(row_max[r] - base);
+      row_max[r] = new_max;
+      float sum = 0.0f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        s(r, c) = fast_exp2(fmaf(s(r, c), exp_scale, -base));
+        sum += s(r, c);
+      }
+      row_sum[r] = row_sum[r] * alpha[r] + sum;
+    }
+  };
+  auto rescale_o = [&](const auto& alpha) {
+    Tensor o = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= alpha[r];
+    }
+  };
+  // P in the PV GEMM's A layout. Register fragments are compact (value i at offset i), and the A
+  // layout regroups the same offsets, so value i converts into element i.
+  auto to_p = [&](auto const& tSrS) {
+    Tensor rP = make_tensor<E>(acc_as_a(tSrS.layout()));
+    E* out = raw_pointer_cast(rP.data());
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(tSrS); i += 2) {
+      *reinterpret_cast<uint32_t*>(out + i) = pack2<typename T::Elem>(tSrS(i), tSrS(i + 1));
+    }
+    return rP;
+  };
+  // Rows of V past the sequence's keys (any content, NaN too) become zeros before P V reads them.
+  const int seqlen_k = seq.seqlen_k;
+  auto zero_tail_of_v = [&](int n, int stage) {
+    const int valid = seqlen_k - n * T::kBlockN;
+    if (valid >= T::kBlockN) return;
+    const int wg_thread = thread % 128;
+    for (int e = wg_thread; e < T::kBlockN * T::kHeadDim; e += 128) {
+      const int r = e / T::kHeadDim, c = e % T::kHeadDim;
+      if (r >= valid) sV(r, c, stage) = E(0.0f);
+    }
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(128, kVTail0 + thread / 128);
+  };
+
+  cutlass::PipelineState<T::kStages> state;
+  const int group = thread / 128;
+  // The first turn is group 0's: its barrier gets group 1's share of the arrivals up front.
+  if (group == 1) pass_turn<T>(group);
+  ss.q_full.wait(0);
+  const int n_blocks = n_last - n_first + 1;
+  if (n_blocks > 0) {
+    Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename T::TileQK{}));
+    float alpha[kRows];
+    int n = n_last;
+    pipe_k.consumer_wait(state);
+    wait_turn<T>(group);
+    warpgroup_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, state.index()), tSrS);
+    pass_turn<T>(group);
+    warpgroup_wait<0>();
+    pipe_k.consumer_release(state);
+    softmax(tSrS, n, alpha);
+    if constexpr (T::kOverlap) {
+      Tensor tOrP = to_p(tSrS);
+      auto prev = state;
+      for (--n, ++state; n >= n_first; --n, ++state) {
+        pipe_k.consumer_wait(state);
+        pipe_v.consumer_wait(prev);
+        zero_tail_of_v(n + 1, prev.index());
+        wait_turn<T>(group);
+        warpgroup_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, state.index()), tSrS);
+        warpgroup_gemm<false, -1, true>(mma_pv, tOrP, tOrV(_, _, _, prev.index()), tOrO);
+        pass_turn<T>(group);
+        warpgroup_wait<1>();
+        pipe_k.consumer_release(state);
+        softmax(tSrS, n, alpha);
+        warpgroup_wait<0>();
+        pipe_v.consumer_release(prev);
+        rescale_o(alpha);
+        tOrP = to_p(tSrS);
+        prev = state;
+      }
+      pipe_v.consumer_wait(prev);
+      zero_tail_of_v(n_first, prev.index());
+      wait_turn<T>(group);
+      warpgroup_gemm<false, -1, true>(mma_pv, tOrP, tOrV(_, _, _, prev.index()), tOrO);
+      pass_turn<T>(group);
+      warpgroup_wait<0>();
+      pipe_v.consumer_release(prev);
+    } else {
+      for (;;) {
+        Tensor tOrP = to_p(tSrS);
+        pipe_v.consumer_wait(state);
+        zero_tail_of_v(n, state.index());
+        warpgroup_gemm<false, 0, true>(mma_pv, tOrP, tOrV(_, _, _, state.index()), tOrO);
+        pipe_v.consumer_release(state);
+        ++state;
+        if (--n < n_first) break;
+        pipe_k.consumer_wait(state);
+        warpgroup_gemm<true, 0>(mma_qk, tSrQ, tSrK(_, _, _, state.index()), tSrS);
+        pipe_k.consumer_release(state);
+        softmax(tSrS, n, alpha);
+        rescale_o(alpha);
+      }
+    }
+  }
+
+  // Group 1's last hand-over (or its first, without key blocks) is taken, so both barriers end
+  // balanced.
+  if (group == 0) wait_turn<T>(group);
+
+  // Epilogue: finish each row (sums across the 4 threads of a row, the sink on split 0), write
+  // the normalised fp32 O tile over the Q / K / V tiles, then the consumers store it coalesced.
+  cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);  // every group is done with the tiles
+  float* sO = reinterpret_cast<float*>(ss.q.data());
+  Tensor o = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));
+  Tensor cO = make_identity_tensor(select<0, 1>(typename T::TilePV{}));
+  Tensor tOcO = thr_pv.partition_C(cO);
+  Tensor orc = make_tensor(tOcO.data(), rows_cols(tOcO.layout()));
+  CUTLASS_PRAGMA_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    float l = row_sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    float m = row_max[r];
+    float keys_scale = 1.0f;
+    const int tile_row = get<0>(orc(r, 0));
+    if (start.add_sink) {
+      const float sink = sink_log2(p, head, min(row0 + tile_row, start.packed_rows - 1));
+      const float with_sink = fmaxf(m, sink);
+      keys_scale = m == -INFINITY ? 0.0f : fast_exp2(m - with_sink);
+      l = l * keys_scale + fast_exp2(sink - with_sink);
+      m = with_sink;
+    }
+    const bool nonempty = l > 0.0f && m != -INFINITY;
+    const float factor = nonempty ? keys_scale / l : 0.0f;
+    if (thread % 4 == 0) ss.lse[tile_row] = nonempty ? (m + log2f(l)) * kLn2 : -INFINITY;
+    CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < size<1>(o); ++c) sO[tile_row * T::kOStride + get<1>(orc(r, c))] = o(r, c) * factor;
+  }
+  cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
+  store_rows<typename T::Elem>(
+      p, start.dst_rows, head, row0, T::kBlockM,
+      [&](int r, int c) { return *reinterpret_cast<const float4*>(sO + r * T::kOStride + c); },
+      [&](int r) { return ss.lse[r]; }, thread, T::kConsumerThreads);
+}
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1) prefill_kernel(const __grid_constant__ PrefillParams<T> params) {
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
+  const AttentionParams& p = params.p;
+  // Query blocks in reverse launch order: under a causal mask the longest CTAs start first.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y;
+  const int row0 = m_block * T::kBlockM;
+  CtaStart start;
+  if (!start_cta<typename T::Elem>(p, row0, T::kBlockM, start)) return;
+  const int n_first = start.keys.lo / T::kBlockN;
+  const int n_last = start.keys.hi > start.keys.lo ? (start.keys.hi - 1) / T::kBlockN : n_first - 1;
+
+  const int warp_group = threadIdx.x / 128;
+  using Pipeline = typename T::Pipeline;
+  typename Pipeline::Params pp;
+  pp.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pp.is_leader = threadIdx.x == 0;
+  pp.num_consumers = T::kConsumerThreads;
+  pp.transaction_bytes = T::kKVBytes;
+  if (threadIdx.x == 0) {
+    ss.q_full.init(1);
+    cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+  }
+  Pipeline pipe_k(ss.pipe_k, pp, Shape<_1, _1, _1>{});
+  Pipeline pipe_v(ss.pipe_v, pp, Shape<_1, _1, _1>{});
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+
+  if (warp_group == 0) {
+    if constexpr (T::kReallocate) cutlass::arch::warpgroup_reg_dealloc<24>();
+    if (threadIdx.x == 0) produce<T>(params, ss, pipe_k, pipe_v, start, head, row0, n_first, n_last);
+  } else {
+    if constexpr (T::kReallocate) cutlass::arch::warpgroup_reg_alloc<240>();
+    consume<T>(params, ss, pipe_k, pipe_v, start, head, row0, n_first, n_last);
+  }
+}
+
+// Host side: TMA descriptors over q and the cache, then one CTA per (query block, head, sequence).
+// Requires: head dims == kHeadDim, one split, rows 16-byte aligned (the backend's checks), and a
+// paged cache only with page_size % kBlockN == 0 and no leftpad (sm90_prefill_takes).
+template <class T>
+void launch_prefill(const AttentionParams& ap, int kv_group, cudaStream_t stream) {
+  using E = typename T::E;
+  PrefillParams<T> params;
+  params.p = ap;
+  params.p.group = 1;  // one query head per CTA: rows are query indices
+  params.kv_group = kv_group;
+  const bool varlen = ap.len.cu_seqlens_q.data != nullptr;
+  const int q_rows = varlen ? ap.len.total_q : ap.len.seqlen_q;
+  const int q_batches = varlen ? 1 : ap.len.batch;
+  const int64_t q_batch_stride = varlen ? int64_t(q_rows) * ap.q.token_stride : ap.q.batch_stride;
+  params.q_shape = make_shape(int32_t(q_rows), int32_t(T::kHeadDim), int32_t(ap.num_heads), int32_t(q_batches));
+  Tensor mQ = make_tensor(make_gmem_ptr(static_cast<const E*>(ap.q.data)), params.q_shape,
+                          make_stride(ap.q.token_stride, _1{}, ap.q.head_stride, q_batch_stride));
+  params.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, typename T::SmemLayoutQ{}, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, _1{});
+  const CacheParams& c = ap.cache;
+  const int rows = c.paged ? c.page_size : ap.len.capacity;
+  const int units = c.paged ? c.num_pages : ap.len.num_cache_seqs;
+  params.k_shape = make_shape(int32_t(rows), int32_t(T::kHeadDim), int32_t(ap.num_heads_k), int32_t(units));
+  params.v_shape = params.k_shape;
+  Tensor mK = make_tensor(make_gmem_ptr(static_cast<const E*>(c.k)), params.k_shape,
+                          make_stride(c.k_pos_stride, _1{}, c.k_head_stride, c.k_row_stride));
+  Tensor mV = make_tensor(make_gmem_ptr(static_cast<const E*>(c.v)), params.v_shape,
+                          make_stride(c.v_pos_stride, _1{}, c.v_head_stride, c.v_row_stride));
+  auto kv_tile = Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{};
+  params.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename T::SmemLayoutK{}), kv_tile, _1{});
+  params.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename T::SmemLayoutV{}), kv_tile, _1{});
+
+  auto kernel = prefill_kernel<T>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  const dim3 grid((ap.len.seqlen_q + T::kBlockM - 1) / T::kBlockM, ap.num_heads, ap.len.batch);
+  if (grid.x == 0 || grid.z == 0) return;
+  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(params);
+}
+
+}  // namespace kvflash::cuda::sm90

@@ -1,0 +1,184 @@
+// The sm90 prefill family's ladder (src/cuda/sm90/prefill.h), each rung timed on the same inputs
+// and checked against the portable kernels (the public API with num_splits = 2, which the sm90
+// family never takes): dense bf16 caches, 16k x 16k at head dims 64 / 128 / 256 (non-causal and
+// causal) and 32 prompts of 512 (causal). TFLOP/s = 4 d x visible (query, key) pairs x heads /
+// median time of 10 launches after 2 warm-ups.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cuda/params.h"
+#include "cuda/sm90/prefill.h"
+#include "gpu/gpu_util.h"
+#include "kvflash/kvflash.h"
+
+namespace kvflash::gpu_test {
+#if !defined(KVFLASH_WITH_SM90)
+int run_sm90_bench() {
+  std::printf("sm90bench: this build has no sm90 prefill family (a KVFLASH_CUDA_MINIMAL build)\n");
+  return 1;
+}
+#else
+namespace {
+
+struct Shape {
+  int batch, seqlen, heads, heads_k, headdim;
+  bool causal;
+};
+
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+float from_bf16(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+void* device_random(size_t count, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> host(count);
+  for (auto& x : host) x = to_bf16(normal(rng));
+  void* d = nullptr;
+  check(cudaMalloc(&d, count * 2), "cudaMalloc");
+  check(cudaMemcpy(d, host.data(), count * 2, cudaMemcpyHostToDevice), "upload");
+  return d;
+}
+
+cuda::AttentionParams dense_params(const Shape& s, void* q, void* k, void* v, void* out) {
+  cuda::AttentionParams p;
+  const int64_t hd = int64_t(s.heads) * s.headdim, hkd = int64_t(s.heads_k) * s.headdim;
+  p.len.batch = s.batch;
+  p.len.seqlen_q = s.seqlen;
+  p.len.total_q = s.batch * s.seqlen;
+  p.len.cache_seqlens_value = s.seqlen;
+  p.len.num_cache_seqs = s.batch;
+  p.len.capacity = s.seqlen;
+  p.cache.k = k, p.cache.v = v;
+  p.cache.k_row_stride = p.cache.v_row_stride = s.seqlen * hkd;
+  p.cache.k_pos_stride = p.cache.v_pos_stride = hkd;
+  p.cache.k_head_stride = p.cache.v_head_stride = s.headdim;
+  p.q = cuda::RowLayout{q, s.seqlen * hd, hd, s.headdim};
+  p.out = cuda::RowLayout{out, s.seqlen * hd, hd, s.headdim};
+  p.num_heads = s.heads, p.num_heads_k = s.heads_k, p.group = s.heads / s.heads_k;
+  p.headdim = p.headdim_v = s.headdim;
+  p.softmax_scale = 1.0f / std::sqrt(float(s.headdim));
+  p.window_right = s.causal ? 0 : -1;
+  return p;
+}
+
+void launch_rung(const cuda::AttentionParams& p, int headdim, int group, int rung) {
+  switch (headdim) {
+    case 64: return cuda::sm90::launch_prefill_rung<__nv_bfloat16, 64>(p, group, rung, nullptr);
+    case 128: return cuda::sm90::launch_prefill_rung<__nv_bfloat16, 128>(p, group, rung, nullptr);
+    default: return cuda::sm90::launch_prefill_rung<__nv_bfloat16, 256>(p, group, rung, nullptr);
+  }
+}
+
+template <class F>
+double median_ms(F launch) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (int i = 0; i < 2; ++i) launch();
+  std::vector<float> ms;
+  for (int i = 0; i < 10; ++i) {
+    cudaEventRecord(start);
+    launch();
+    cudaEventRecord(stop);
+    check(cudaEventSynchronize(stop), "timed launch");
+    float t = 0;
+    cudaEventElapsedTime(&t, start, stop);
+    ms.push_back(t);
+  }
+  check(cudaGetLastError(), "launch");
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms[ms.size() / 2];
+}
+
+double max_abs_diff(const void* a, const void* b, size_t count) {
+  std::vector<uint16_t> x(count), y(count);
+  check(cudaMemcpy(x.data(), a, count * 2, cudaMemcpyDeviceToHost), "download");
+  check(cudaMemcpy(y.data(), b, count * 2, cudaMemcpyDeviceToHost), "download");
+  double worst = 0.0;
+  for (size_t i = 0; i < count; ++i) {
+    const double d = std::fabs(double(from_bf16(x[i])) - double(from_bf16(y[i])));
+    worst = std::isnan(d) ? INFINITY : std::max(worst, d);
+  }
+  return worst;
+}
+
+}  // namespace
+
+int run_sm90_bench() {
+  const Shape shapes[] = {
+      {1, 16384, 16, 16, 128, false}, {1, 16384, 16, 16, 128, true}, {1, 16384, 32, 32, 64, false},
+      {1, 16384, 32, 32, 64, true},   {1, 16384, 8, 8, 256, false},   {1, 16384, 8, 8, 256, true},
+      {32, 512, 16, 16, 128, true},   {1, 8192, 32, 8, 128, true},
+  };
+  std::mt19937 rng(11);
+  int failures = 0;
+  std::printf("%-34s %8s %8s %8s %8s %9s %s\n", "shape (bf16, dense)", "sm80", "rung1", "rung2", "rung3",
+              "TFLOP/s3", "max|rung - sm80| (1 / 2 / 3)");
+  for (const Shape& s : shapes) {
+    const size_t q_count = size_t(s.batch) * s.seqlen * s.heads * s.headdim;
+    const size_t kv_count = size_t(s.batch) * s.seqlen * s.heads_k * s.headdim;
+    void* q = device_random(q_count, rng);
+    void* k = device_random(kv_count, rng);
+    void* v = device_random(kv_count, rng);
+    void *ref = nullptr, *out = nullptr;
+    check(cudaMalloc(&ref, q_count * 2), "cudaMalloc");
+    check(cudaMalloc(&out, q_count * 2), "cudaMalloc");
+
+    // The portable kernels through the public API (two splits: never the sm90 family).
+    const Device dev{DeviceType::cuda, 0};
+    KvCacheArgs args;
+    args.q = TensorView::contiguous(q, DType::bf16, {s.batch, s.seqlen, s.heads, s.headdim}, dev);
+    args.k_cache = TensorView::contiguous(k, DType::bf16, {s.batch, s.seqlen, s.heads_k, s.headdim}, dev);
+    args.v_cache = TensorView::contiguous(v, DType::bf16, {s.batch, s.seqlen, s.heads_k, s.headdim}, dev);
+    args.causal = s.causal;
+    args.num_splits = 2;
+    Outputs outputs;
+    outputs.out = TensorView::contiguous(ref, DType::bf16, {s.batch, s.seqlen, s.heads, s.headdim}, dev);
+    const double sm80_ms = median_ms([&] { flash_attn_with_kvcache(args, outputs); });
+
+    const cuda::AttentionParams p = dense_params(s, q, k, v, out);
+    double ms[4] = {0, 0, 0, 0}, diff[4] = {0, 0, 0, 0};
+    for (int rung = 1; rung <= 3; ++rung) {
+      check(cudaMemset(out, 0xff, q_count * 2), "poison");  // NaN: an unwritten element fails
+      launch_rung(p, s.headdim, s.heads / s.heads_k, rung);
+      check(cudaDeviceSynchronize(), "rung");
+      diff[rung] = max_abs_diff(out, ref, q_count);
+      ms[rung] = median_ms([&] { launch_rung(p, s.headdim, s.heads / s.heads_k, rung); });
+      if (!(diff[rung] <= 0.02)) ++failures;
+    }
+    const double pairs = s.causal ? double(s.seqlen) * (s.seqlen + 1) / 2 : double(s.seqlen) * s.seqlen;
+    const double flops = 4.0 * s.batch * s.heads * s.headdim * pairs;
+    char name[64];
+    std::snprintf(name, sizeof name, "b%d x %d h%d/%d d%d %s", s.batch, s.seqlen, s.heads, s.heads_k, s.headdim,
+                  s.causal ? "causal" : "full");
+    std::printf("%-34s %8.3f %8.3f %8.3f %8.3f %9.1f %.4f / %.4f / %.4f\n", name, sm80_ms, ms[1], ms[2], ms[3],
+                flops / (ms[3] * 1e-3) * 1e-12, diff[1], diff[2], diff[3]);
+    std::printf("  TFLOP/s: sm80 %.1f, rung1 %.1f, rung2 %.1f, rung3 %.1f\n", flops / (sm80_ms * 1e-3) * 1e-12,
+                flops / (ms[1] * 1e-3) * 1e-12, flops / (ms[2] * 1e-3) * 1e-12, flops / (ms[3] * 1e-3) * 1e-12);
+    std::fflush(stdout);
+    for (void* ptr : {q, k, v, ref, out}) cudaFree(ptr);
+  }
+  std::printf("sm90bench: %s (%d rung outputs off the sm80 result by more than 0.02)\n",
+              failures ? "FAIL" : "PASS", failures);
+  return failures ? 1 : 0;
+}
+#endif
+
+}  // namespace kvflash::gpu_test
