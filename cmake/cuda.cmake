@@ -1,7 +1,8 @@
-# The CUDA backend (included by CMakeLists.txt when nvcc is found). Adds src/cuda/*.cu to kvflash_lib.
+# The CUDA backend (included by CMakeLists.txt when nvcc is found): src/cuda/*.cu and ops/ into
+# kvflash_lib, the attention instantiations generated from src/cuda/instantiations.def.
 #
-#   KVFLASH_CUDA_MINIMAL=ON   one head dim (128), bf16 only, sm_80 only: the set CI compiles so a
-#                             compile break never lands while CI stays within its 2-core budget.
+#   KVFLASH_CUDA_MINIMAL=ON   the table's rows marked minimal (bf16, d 128), sm_80 only: the set CI
+#                             compiles so a compile break never lands within CI's 2-core budget.
 #   KVFLASH_CUTLASS_INCLUDE   CUTLASS/CuTe headers (default: the pinned PyPI nvidia-cutlass==4.2.0.0).
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
@@ -23,32 +24,102 @@ if(NOT KVFLASH_CUTLASS_INCLUDE)
 endif()
 if(KVFLASH_CUTLASS_INCLUDE AND EXISTS "${KVFLASH_CUTLASS_INCLUDE}/cute")
   message(STATUS "kvflash: CUTLASS headers at ${KVFLASH_CUTLASS_INCLUDE}")
-  target_include_directories(kvflash_lib PRIVATE "${KVFLASH_CUTLASS_INCLUDE}")
 else()
   message(STATUS "kvflash: CUTLASS headers not found (pip install nvidia-cutlass==4.2.0.0); not needed yet")
 endif()
 
-file(GLOB KVFLASH_CUDA_SOURCES CONFIGURE_DEPENDS src/cuda/*.cu)
-if(KVFLASH_CUDA_MINIMAL)
-  # Keep every kernel file but only one attention instantiation file.
-  list(FILTER KVFLASH_CUDA_SOURCES EXCLUDE REGEX "attention_inst_.*\\.cu$")
-  list(APPEND KVFLASH_CUDA_SOURCES src/cuda/attention_inst_bf16_hdim128.cu)
-  target_compile_definitions(kvflash_lib PRIVATE KVFLASH_CUDA_MINIMAL=1)
-  set(_kvflash_archs 80)
-else()
-  set(_kvflash_archs 80 90a)
-endif()
-
-target_sources(kvflash_lib PRIVATE ${KVFLASH_CUDA_SOURCES})
-set_target_properties(kvflash_lib PROPERTIES CUDA_ARCHITECTURES "${_kvflash_archs}")
+# Flags every CUDA file of kvflash takes (kvflash_lib's own and the families' object libraries).
+add_library(kvflash_cuda_flags INTERFACE)
 # CUDA takes the project's C++20; CMake 3.25 does not know nvcc 13's flag for it.
 if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
   set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
   set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
 endif()
-target_compile_options(kvflash_lib PRIVATE
+target_compile_options(kvflash_cuda_flags INTERFACE
   $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo -Xptxas=--warn-on-spills>)
+target_compile_definitions(kvflash_cuda_flags INTERFACE KVFLASH_WITH_CUDA=1)
+target_include_directories(kvflash_cuda_flags INTERFACE
+  "${CMAKE_CURRENT_SOURCE_DIR}/include" "${CMAKE_CURRENT_SOURCE_DIR}/src")
+if(KVFLASH_CUTLASS_INCLUDE AND EXISTS "${KVFLASH_CUTLASS_INCLUDE}/cute")
+  target_include_directories(kvflash_cuda_flags INTERFACE "${KVFLASH_CUTLASS_INCLUDE}")
+endif()
+
+# Architectures: sm_80 for the portable kernels (run on any later GPU too) and sm_90a for Hopper.
+if(KVFLASH_CUDA_MINIMAL)
+  target_compile_definitions(kvflash_cuda_flags INTERFACE KVFLASH_CUDA_MINIMAL=1)
+  set(_kvflash_archs 80)
+else()
+  set(_kvflash_archs 80 90a)
+endif()
+# Each family's files compile for its architectures only (those of this build among them).
+set(KVFLASH_FAMILY_ARCHS_sm80 80 90a)
+
+# The shared files: the dispatcher and ops/ (append + rotary, prepare, combine), for every arch.
+file(GLOB KVFLASH_CUDA_SOURCES CONFIGURE_DEPENDS src/cuda/*.cu src/cuda/ops/*.cu)
+target_sources(kvflash_lib PRIVATE ${KVFLASH_CUDA_SOURCES})
+set_target_properties(kvflash_lib PROPERTIES CUDA_ARCHITECTURES "${_kvflash_archs}")
+target_link_libraries(kvflash_lib PRIVATE kvflash_cuda_flags)
 target_compile_definitions(kvflash_lib PUBLIC KVFLASH_WITH_CUDA=1)
+
+# The instantiation table (src/cuda/instantiations.def): one generated unit per row, in an object
+# library per family (built for the family's architectures), and the list of the built rows the
+# dispatcher includes (kvflash_inst/built_instantiations.inc).
+set(_kvflash_table "${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/instantiations.def")
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${_kvflash_table}")
+file(STRINGS "${_kvflash_table}" _kvflash_rows REGEX "^KVFLASH_INSTANTIATION\\(")
+set(_kvflash_gen "${CMAKE_CURRENT_BINARY_DIR}/kvflash_inst")
+set(_kvflash_built "")
+set(_kvflash_families "")
+foreach(_row IN LISTS _kvflash_rows)
+  if(NOT _row MATCHES "^KVFLASH_INSTANTIATION\\(([a-z0-9]+), *([a-z0-9]+), *([0-9]+), *([0-9]+)\\)")
+    message(FATAL_ERROR "instantiations.def: cannot read the row '${_row}'")
+  endif()
+  set(_family ${CMAKE_MATCH_1})
+  set(_dtype ${CMAKE_MATCH_2})
+  set(_d ${CMAKE_MATCH_3})
+  set(_dv ${CMAKE_MATCH_4})
+  if(KVFLASH_CUDA_MINIMAL AND NOT _row MATCHES "// minimal")
+    continue()
+  endif()
+  if(NOT DEFINED KVFLASH_FAMILY_ARCHS_${_family})
+    message(FATAL_ERROR "instantiations.def: family ${_family} has no KVFLASH_FAMILY_ARCHS_${_family}")
+  endif()
+  set(_archs "")
+  foreach(_arch IN LISTS KVFLASH_FAMILY_ARCHS_${_family})
+    if(_arch IN_LIST _kvflash_archs)
+      list(APPEND _archs ${_arch})
+    endif()
+  endforeach()
+  if(NOT _archs)
+    continue()
+  endif()
+  if(_dtype STREQUAL "bf16")
+    set(_elem __nv_bfloat16)
+  else()
+    set(_elem __half)
+  endif()
+  set(_unit "${_kvflash_gen}/${_family}_${_dtype}_${_d}x${_dv}.cu")
+  file(CONFIGURE OUTPUT "${_unit}" CONTENT "\
+// Generated by cmake/cuda.cmake from src/cuda/instantiations.def: do not edit.
+#include \"cuda/${_family}/launch.cuh\"
+
+namespace kvflash::cuda {
+template void launch_${_family}_attention<${_elem}, ${_d}, ${_dv}>(const AttentionParams&, KernelShape, bool,
+                                                                  cudaStream_t);
+}  // namespace kvflash::cuda
+")
+  if(NOT _family IN_LIST _kvflash_families)
+    list(APPEND _kvflash_families ${_family})
+    add_library(kvflash_cuda_${_family} OBJECT)
+    set_target_properties(kvflash_cuda_${_family} PROPERTIES CUDA_ARCHITECTURES "${_archs}")
+    target_link_libraries(kvflash_cuda_${_family} PRIVATE kvflash_cuda_flags)
+    target_sources(kvflash_lib PRIVATE $<TARGET_OBJECTS:kvflash_cuda_${_family}>)
+  endif()
+  target_sources(kvflash_cuda_${_family} PRIVATE "${_unit}")
+  string(APPEND _kvflash_built "KVFLASH_INSTANTIATION(${_family}, ${_dtype}, ${_d}, ${_dv})\n")
+endforeach()
+file(CONFIGURE OUTPUT "${_kvflash_gen}/built_instantiations.inc" CONTENT "${_kvflash_built}")
+target_include_directories(kvflash_lib PRIVATE "${_kvflash_gen}")
 target_link_libraries(kvflash_lib PUBLIC CUDA::cudart_static)
 
 # The GPU test runner (tests/gpu/run.sh builds and runs it on a GPU machine).

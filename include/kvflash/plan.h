@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kvflash/kernel_family.h"
 #include "kvflash/tensor.h"
 
 namespace kvflash {
@@ -37,7 +38,7 @@ struct PlanKey {
   int pack_gqa = -1;         // as requested: -1 heuristic, 0 false, 1 true
   int sm_margin = 0;
   int num_sms = 0;           // of the device the plan targets (before sm_margin)
-  int arch = 0;              // 0: CPU, 80, 90, ...
+  int arch = 0;              // 0: CPU, else the device's compute capability x 10 (80, 90, ...)
 
   bool operator==(const PlanKey&) const = default;
 };
@@ -49,6 +50,7 @@ std::string first_difference(const PlanKey& plan_key, const PlanKey& call_key);
 struct Plan {
   PlanKey key;
   // Static decisions.
+  KernelChoice kernel;  // family, kernel shape and instantiation (core/kernel_family.h)
   int block_m = 0;
   int block_n = 0;
   int num_splits = 1;   // upper bound of the per-batch splits; out_accum has this many

@@ -2,11 +2,7 @@
 // (spec 5.4), shared by every backend. Host and device.
 #pragma once
 
-#if defined(__CUDACC__)
-#define KVFLASH_HD __host__ __device__ __forceinline__
-#else
-#define KVFLASH_HD inline
-#endif
+#include "core/limits.h"
 
 namespace kvflash::core {
 

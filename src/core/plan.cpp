@@ -187,6 +187,25 @@ std::string show_arch(int v) { return v == 0 ? "CPU" : "sm" + std::to_string(v);
 
 }  // namespace
 
+const char* family_name(KernelFamily family) {
+  switch (family) {
+    case KernelFamily::cpu: return "cpu";
+    case KernelFamily::sm80: return "sm80";
+    case KernelFamily::sm90: return "sm90";
+  }
+  return "?";
+}
+
+const char* shape_name(KernelShape shape) {
+  switch (shape) {
+    case KernelShape::none: return "none";
+    case KernelShape::decode_8: return "decode_8";
+    case KernelShape::decode_16: return "decode_16";
+    case KernelShape::prefill: return "prefill";
+  }
+  return "?";
+}
+
 std::string first_difference(const PlanKey& plan_key, const PlanKey& call_key) {
   std::string found;
   // Records the first field (in declaration order) whose values differ.

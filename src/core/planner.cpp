@@ -38,6 +38,14 @@ std::vector<SeqLengths> sequence_lengths(const Problem& p) {
 // A typed Plan's fields are public: a caller may have edited its static decisions. They must be
 // the ones this call's key gives, since out_accum and the kernels are sized by them.
 void check_static_decisions(const Plan& plan, const Plan& expected) {
+  if (!(plan.kernel == expected.kernel)) {
+    const auto show = [](const KernelChoice& k) {
+      return std::string(family_name(k.family)) + " " + shape_name(k.shape) + " " +
+             std::to_string(k.headdim) + "x" + std::to_string(k.headdim_v);
+    };
+    reject("scheduler_metadata: kernel is " + show(plan.kernel) + ", but this call's plan has " +
+           show(expected.kernel));
+  }
   const auto same = [](const char* name, int got, int want) {
     if (got != want) {
       reject("scheduler_metadata: " + std::string(name) + " is " + std::to_string(got) +

@@ -9,7 +9,7 @@ namespace kvflash::core {
 
 struct DeviceInfo {
   int num_sms = 1;  // CUDA: multiprocessor count; CPU: hardware threads
-  int arch = 0;     // 0 CPU, else compute capability * 10 (80, 90, ...)
+  int arch = 0;     // 0 CPU, else the device's compute capability * 10 (80, 90, ...)
 };
 DeviceInfo device_info(Device device);
 

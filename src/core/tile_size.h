@@ -1,17 +1,12 @@
-// Tile sizes (kBlockM x kBlockN): the one source of truth. The planner derives num_m_blocks,
+// Tile sizes (kBlockM x kBlockN): the one source of truth (each family's table is picked by
+// core/kernel_family.h family_tile). The planner derives num_m_blocks,
 // key blocks per split and the split heuristics from these numbers, and every kernel (CUDA sm80 /
 // sm90, the CPU backend's split partition) must read its block sizes from the same functions with
 // the same inputs; otherwise a Plan's per-batch vectors would describe tiles the kernel does not
 // use. Usable from host and device code, and in constant expressions.
 #pragma once
 
-#if !defined(KVFLASH_HD)
-#if defined(__CUDACC__)
-#define KVFLASH_HD __host__ __device__ __forceinline__
-#else
-#define KVFLASH_HD inline
-#endif
-#endif
+#include "core/limits.h"
 
 namespace kvflash::core {
 
@@ -80,11 +75,6 @@ KVFLASH_HD constexpr TileSize tile_size_sm80(const TileInputs& in) {
   const int dv = round_up_headdim_v(in.headdim_v);
   const int widest = d > dv ? d : dv;
   return {widest <= 128 ? 128 : 64, widest <= 64 ? 128 : 64};
-}
-
-// arch: 0 for the CPU, else compute capability * 10 (80, 86, 90, ...).
-KVFLASH_HD constexpr TileSize tile_size(int arch, const TileInputs& in) {
-  return arch >= 90 ? tile_size_sm90(in) : tile_size_sm80(in);
 }
 
 }  // namespace kvflash::core

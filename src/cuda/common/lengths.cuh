@@ -5,7 +5,7 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/params.h"
+#include "cuda/common/params.h"
 
 namespace kvflash::cuda {
 

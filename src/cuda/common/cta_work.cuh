@@ -6,10 +6,10 @@
 #include <cuda_runtime.h>
 
 #include "core/mask.h"
-#include "cuda/lengths.cuh"
-#include "cuda/mma.cuh"
-#include "cuda/params.h"
-#include "cuda/split_rule.cuh"
+#include "cuda/common/lengths.cuh"
+#include "cuda/common/mma.cuh"
+#include "cuda/common/params.h"
+#include "cuda/common/split_rule.cuh"
 
 namespace kvflash::cuda {
 
