@@ -1,6 +1,6 @@
 // Plan: typed scheduler metadata. It records the problem it was made for (PlanKey), the static
 // decisions (tile sizes, num_splits, pack_gqa) and the per-batch vectors of FA3's layout.
-// It serialises to FA3's int32 layout (spec section 6.4) and back. Using a Plan with a call whose
+// It serialises to FA3's int32 layout (contract section 6.4) and back. Using a Plan with a call whose
 // problem differs is an Error naming the first field that differs.
 #pragma once
 
@@ -55,7 +55,7 @@ struct Plan {
   int block_n = 0;
   int num_splits = 1;   // upper bound of the per-batch splits; out_accum has this many
   bool pack_gqa = false;
-  bool is_causal = false;  // after normalisation (spec 5.4)
+  bool is_causal = false;  // after normalisation (contract 5.4)
   bool is_local = false;
   // Per batch element (length key.batch), indexed by batch element. (FA3's int32 layout stores
   // them by sorted position when batch_order is present; to_fa3 / from_fa3 convert.)

@@ -1,9 +1,9 @@
-// FA3's scheduling decisions (spec section 6), written from the spec's prose: window/causal
+// FA3's scheduling decisions (contract section 6), written from the contract's prose: window/causal
 // normalisation, paged TMA, num_splits, pack_gqa (the static half of a Plan), and the per-batch
 // vectors of the prepare step (dynamic splits, work order, heads in L2).
 //
 // kvflash always plans the way FA3 plans a varlen call (a flash_attn_with_kvcache call with
-// cache_seqlens is varlen, spec section 4 step 12): the split heuristic assumes one long sequence
+// cache_seqlens is varlen, contract section 4): the split heuristic assumes one long sequence
 // when batch <= 992, and splits are chosen per sequence. A call without cache_seqlens gets the
 // plan of one whose cache_seqlens are the full capacity. This keeps a Plan a function of its key
 // and the per-batch lengths only.
@@ -28,7 +28,7 @@ namespace kvflash::core {
 // here so equal problems get equal keys.
 PlanKey canonical_key(PlanKey raw, const DeviceInfo& info);
 
-// Window/causal normalisation of spec 5.4 on the key's static sizes (max_seqlen_q, max_seqlen_k).
+// Window/causal normalisation of contract 5.4 on the key's static sizes (max_seqlen_q, max_seqlen_k).
 struct MaskShape {
   bool is_causal = false;
   bool is_local = false;
@@ -39,10 +39,10 @@ struct MaskShape {
 };
 MaskShape normalise_mask(const PlanKey& key);
 
-// Spec 6.3: how many splits fill the SMs best. size_one_kv_head in bytes.
+// Contract 6.3: how many splits fill the SMs best. size_one_kv_head in bytes.
 int num_splits_heuristic(int64_t total_mblocks, int num_sms, int num_n_blocks, int num_m_blocks,
                          int64_t size_one_kv_head, bool causal_or_local, int max_splits);
-// Spec 6.3: pack the query heads of a KV head into one M tile when that fills tiles better.
+// Contract 6.3: pack the query heads of a KV head into one M tile when that fills tiles better.
 bool should_pack_gqa(bool varlen_q, int seqlen_q, int qheads_per_kvhead, int block_m);
 
 TileInputs tile_inputs(const PlanKey& key, const MaskShape& mask, bool paged_non_tma);
@@ -50,11 +50,11 @@ TileInputs tile_inputs(const PlanKey& key, const MaskShape& mask, bool paged_non
 FamilyInputs family_inputs(const PlanKey& key);
 KernelFamily family_of(const PlanKey& key);
 
-// Spec 6.2 (only the sm90 family reads paged KV by TMA).
+// Contract 6.2 (only the sm90 family reads paged KV by TMA).
 bool use_pagedkv_tma(const PlanKey& key, KernelFamily family, const MaskShape& mask);
-// Spec 6.3, for key.num_splits <= 0 (kvflash's bound for the sm80 family, see above).
+// Contract 6.3, for key.num_splits <= 0 (kvflash's bound for the sm80 family, see above).
 int get_num_splits(const PlanKey& key, KernelFamily family, const MaskShape& mask, TileSize tile);
-// Spec 6.3; returns the pack_gqa the kernels run with (forced true outside the sm90 family, for
+// Contract 6.3; returns the pack_gqa the kernels run with (forced true outside the sm90 family, for
 // non-TMA paged KV or num_splits > 1, whatever was requested).
 bool get_pack_gqa(const PlanKey& key, KernelFamily family, TileSize tile, bool pagedkv_tma,
                   int num_splits);

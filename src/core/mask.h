@@ -1,5 +1,5 @@
 // Which keys a query row sees: the one definition of causal / sliding window / chunked masks
-// (spec 5.4), shared by every backend. Host and device.
+// (contract 5.4), shared by every backend. Host and device.
 #pragma once
 
 #include "core/limits.h"

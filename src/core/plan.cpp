@@ -1,4 +1,4 @@
-// Plan <-> FA3's int32 scheduler_metadata layout (spec 6.4), the checks on a Plan's vectors, and
+// Plan <-> FA3's int32 scheduler_metadata layout (contract 6.4), the checks on a Plan's vectors, and
 // first_difference.
 //
 // Indexing: a typed Plan's per-batch vectors are indexed by batch element. FA3's layout, when it

@@ -1,4 +1,4 @@
-// The planner: FA3's heuristics (spec section 6) over a resolved Problem, and the checks that
+// The planner: FA3's heuristics (contract section 6) over a resolved Problem, and the checks that
 // make a Plan safe to reuse. Host side; the CUDA backend refreshes per-batch vectors on device.
 #pragma once
 

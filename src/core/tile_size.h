@@ -20,14 +20,14 @@ struct TileInputs {
   int headdim = 0;
   int headdim_v = 0;
   int elem_bytes = 2;          // 1 selects the fp8 table
-  bool causal = false;         // normalised flags (spec 5.4), not the caller's
+  bool causal = false;         // normalised flags (contract 5.4), not the caller's
   bool local = false;
-  bool paged_non_tma = false;  // paged KV read without TMA (spec 6.2)
+  bool paged_non_tma = false;  // paged KV read without TMA (contract 6.2)
   bool softcap = false;
   bool v_colmajor = false;     // fp8 V stored column-major (never in kvflash today)
 };
 
-// Head dims are compiled for {64, 96, 128, 192, 256}; V also for 512 (spec 6.1).
+// Head dims are compiled for {64, 96, 128, 192, 256}; V also for 512 (contract 6.1).
 KVFLASH_HD constexpr int round_up_headdim(int d) {
   return d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
 }
@@ -35,7 +35,7 @@ KVFLASH_HD constexpr int round_up_headdim_v(int dv) {
   return dv <= 256 ? round_up_headdim(dv) : 512;
 }
 
-// Hopper (sm90) table, FA3's choices (spec 6.1).
+// Hopper (sm90) table, FA3's choices (contract 6.1).
 KVFLASH_HD constexpr TileSize tile_size_sm90_16bit(const TileInputs& in) {
   const int d = round_up_headdim(in.headdim);
   const int dv = round_up_headdim_v(in.headdim_v);

@@ -1,4 +1,4 @@
-// validate(): every metadata rule of flash_attn_with_kvcache (spec sections 4 and 7), in the
+// validate(): every metadata rule of flash_attn_with_kvcache (contract sections 4 and 7), in the
 // order FA3's mha_fwd checks them, so a call FA3 rejects fails here with the same message first.
 // Nothing here reads tensor contents; check_values.cpp does that.
 #include "core/validate.h"

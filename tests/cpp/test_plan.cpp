@@ -1,4 +1,4 @@
-// The planner: tile table, FA3's heuristics (expected values computed by hand from spec 6),
+// The planner: tile table, FA3's heuristics (expected values computed by hand from contract 6),
 // the FA3 int32 layout round trip, and the checks that reject a Plan made for another problem.
 #include <gtest/gtest.h>
 

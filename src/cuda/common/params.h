@@ -1,6 +1,7 @@
 // Plain-data parameter blocks the CUDA kernels take (plain host C++ fills them from a resolved
-// Problem and its Plan: cuda/host/call_params.cpp). Every length or index read from device memory is clamped or skipped on the device
-// (lengths.cuh), so no value, however wrong, makes a kernel touch memory outside its tensors.
+// Problem and its Plan: cuda/host/call_params.cpp). Every length or index read from device memory
+// is clamped or skipped on the device (lengths.cuh), so no value, however wrong, makes a kernel
+// touch memory outside its tensors.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +14,7 @@ struct IntVec {
   int64_t stride = 1;
 };
 
-// Everything needed to derive one sequence's lengths (spec 5.1) on the device.
+// Everything needed to derive one sequence's lengths (contract 5.1) on the device.
 struct LengthParams {
   int batch = 0;
   int seqlen_q = 0;        // static s_q (dense) / max_seqlen_q (varlen)

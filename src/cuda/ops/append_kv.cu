@@ -1,4 +1,4 @@
-// Appending new K/V rows into the cache (spec 5.2), with rotary on K, and rotating q into the
+// Appending new K/V rows into the cache (contract 5.2), with rotary on K, and rotating q into the
 // workspace. Positions come from the device lengths (lengths.cuh); a row whose position or page
 // is out of range is skipped, never written out of bounds.
 #include <cuda_bf16.h>
@@ -11,7 +11,7 @@
 namespace kvflash::cuda {
 namespace {
 
-// Channel c of a row at rotary position `pos` (spec 5.2): pairs (2p, 2p+1) when interleaved,
+// Channel c of a row at rotary position `pos` (contract 5.2): pairs (2p, 2p+1) when interleaved,
 // (p, p + dim/2) otherwise; channels >= dim pass through. fp32 math, rounded once.
 template <class Elem>
 __device__ __forceinline__ Elem rotate_channel(const Elem* row, int c, int pos, const RotaryParams& r) {

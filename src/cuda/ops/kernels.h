@@ -12,7 +12,7 @@ namespace kvflash::cuda {
 // append_kv.cu: new K/V rows (K rotated when rotary is on) into the cache at cache_seqlens[b] + t.
 template <class Elem>
 void launch_append_kv(const AppendParams& p, int max_new_rows, cudaStream_t stream);
-// append_kv.cu: q rotated (spec 5.2) into a workspace copy the attention kernel reads.
+// append_kv.cu: q rotated (contract 5.2) into a workspace copy the attention kernel reads.
 template <class Elem>
 void launch_rotate_q(const RotateQParams& p, cudaStream_t stream);
 
