@@ -51,8 +51,26 @@ if(KVFLASH_CUDA_MINIMAL)
 else()
   set(_kvflash_archs 80 90a)
 endif()
-# Each family's files compile for its architectures only (those of this build among them).
+# Kernel families (src/cuda/<family>/) and the architectures each one's files compile for (those
+# of this build among them): its own .cu files and its generated instantiation units go into an
+# object library kvflash_cuda_<family> built for those architectures only.
+set(KVFLASH_FAMILIES sm80)
 set(KVFLASH_FAMILY_ARCHS_sm80 80 90a)
+foreach(_family IN LISTS KVFLASH_FAMILIES)
+  set(_archs "")
+  foreach(_arch IN LISTS KVFLASH_FAMILY_ARCHS_${_family})
+    if(_arch IN_LIST _kvflash_archs)
+      list(APPEND _archs ${_arch})
+    endif()
+  endforeach()
+  if(_archs)
+    file(GLOB _sources CONFIGURE_DEPENDS src/cuda/${_family}/*.cu)
+    add_library(kvflash_cuda_${_family} OBJECT ${_sources})
+    set_target_properties(kvflash_cuda_${_family} PROPERTIES CUDA_ARCHITECTURES "${_archs}")
+    target_link_libraries(kvflash_cuda_${_family} PRIVATE kvflash_cuda_flags)
+    target_sources(kvflash_lib PRIVATE $<TARGET_OBJECTS:kvflash_cuda_${_family}>)
+  endif()
+endforeach()
 
 # The shared files: the dispatcher and ops/ (append + rotary, prepare, combine), for every arch.
 file(GLOB KVFLASH_CUDA_SOURCES CONFIGURE_DEPENDS src/cuda/*.cu src/cuda/ops/*.cu)
@@ -61,15 +79,14 @@ set_target_properties(kvflash_lib PROPERTIES CUDA_ARCHITECTURES "${_kvflash_arch
 target_link_libraries(kvflash_lib PRIVATE kvflash_cuda_flags)
 target_compile_definitions(kvflash_lib PUBLIC KVFLASH_WITH_CUDA=1)
 
-# The instantiation table (src/cuda/instantiations.def): one generated unit per row, in an object
-# library per family (built for the family's architectures), and the list of the built rows the
-# dispatcher includes (kvflash_inst/built_instantiations.inc).
+# The instantiation table (src/cuda/instantiations.def): one generated unit per row, in its
+# family's object library, and the list of the built rows the dispatcher includes
+# (kvflash_inst/built_instantiations.inc).
 set(_kvflash_table "${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/instantiations.def")
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${_kvflash_table}")
 file(STRINGS "${_kvflash_table}" _kvflash_rows REGEX "^KVFLASH_INSTANTIATION\\(")
 set(_kvflash_gen "${CMAKE_CURRENT_BINARY_DIR}/kvflash_inst")
 set(_kvflash_built "")
-set(_kvflash_families "")
 foreach(_row IN LISTS _kvflash_rows)
   if(NOT _row MATCHES "^KVFLASH_INSTANTIATION\\(([a-z0-9]+), *([a-z0-9]+), *([0-9]+), *([0-9]+)\\)")
     message(FATAL_ERROR "instantiations.def: cannot read the row '${_row}'")
@@ -78,19 +95,10 @@ foreach(_row IN LISTS _kvflash_rows)
   set(_dtype ${CMAKE_MATCH_2})
   set(_d ${CMAKE_MATCH_3})
   set(_dv ${CMAKE_MATCH_4})
-  if(KVFLASH_CUDA_MINIMAL AND NOT _row MATCHES "// minimal")
-    continue()
+  if(NOT _family IN_LIST KVFLASH_FAMILIES)
+    message(FATAL_ERROR "instantiations.def: ${_family} is not in KVFLASH_FAMILIES")
   endif()
-  if(NOT DEFINED KVFLASH_FAMILY_ARCHS_${_family})
-    message(FATAL_ERROR "instantiations.def: family ${_family} has no KVFLASH_FAMILY_ARCHS_${_family}")
-  endif()
-  set(_archs "")
-  foreach(_arch IN LISTS KVFLASH_FAMILY_ARCHS_${_family})
-    if(_arch IN_LIST _kvflash_archs)
-      list(APPEND _archs ${_arch})
-    endif()
-  endforeach()
-  if(NOT _archs)
+  if((KVFLASH_CUDA_MINIMAL AND NOT _row MATCHES "// minimal") OR NOT TARGET kvflash_cuda_${_family})
     continue()
   endif()
   if(_dtype STREQUAL "bf16")
@@ -108,13 +116,6 @@ template void launch_${_family}_attention<${_elem}, ${_d}, ${_dv}>(const Attenti
                                                                   cudaStream_t);
 }  // namespace kvflash::cuda
 ")
-  if(NOT _family IN_LIST _kvflash_families)
-    list(APPEND _kvflash_families ${_family})
-    add_library(kvflash_cuda_${_family} OBJECT)
-    set_target_properties(kvflash_cuda_${_family} PROPERTIES CUDA_ARCHITECTURES "${_archs}")
-    target_link_libraries(kvflash_cuda_${_family} PRIVATE kvflash_cuda_flags)
-    target_sources(kvflash_lib PRIVATE $<TARGET_OBJECTS:kvflash_cuda_${_family}>)
-  endif()
   target_sources(kvflash_cuda_${_family} PRIVATE "${_unit}")
   string(APPEND _kvflash_built "KVFLASH_INSTANTIATION(${_family}, ${_dtype}, ${_d}, ${_dv})\n")
 endforeach()
