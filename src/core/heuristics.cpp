@@ -141,7 +141,7 @@ bool use_pagedkv_tma(const PlanKey& key, KernelFamily family, const MaskShape& m
 
 int usable_sms(const PlanKey& key) { return std::max(1, key.num_sms - key.sm_margin); }
 
-bool portable_splits(KernelFamily family) { return family == KernelFamily::sm80; }
+bool splits_by_portable_rule(KernelFamily family) { return family == KernelFamily::sm80; }
 
 namespace {
 
@@ -171,7 +171,7 @@ int get_num_splits(const PlanKey& key, KernelFamily family, const MaskShape& mas
                     : s_k;
   const int64_t n_blocks = ceil_div(keys_loaded, tile.block_n);
   const int64_t m_blocks = ceil_div(int64_t{key.max_seqlen_q} * group_size(key), tile.block_m);
-  if (portable_splits(family)) return portable_num_splits(key, n_blocks, m_blocks);
+  if (splits_by_portable_rule(family)) return portable_num_splits(key, n_blocks, m_blocks);
   const int64_t size_one_kv_head = s_k * (key.headdim + key.headdim_v) * kv_elem_bytes(key);
   // With per-sequence (dynamic) splits this is only an upper bound, computed as if the batch
   // were one long sequence among short ones.
@@ -268,7 +268,7 @@ std::vector<int32_t> splits_per_sequence(const Plan& plan, const std::vector<int
     return splits;
   }
   if (plan.key.batch > kMaxDynamicSplitBatch || upper == 1) return splits;
-  if (portable_splits(plan.kernel.family)) {
+  if (splits_by_portable_rule(plan.kernel.family)) {
     return portable_splits_per_sequence(plan, m_blocks, n_blocks);
   }
   int64_t total_blocks = 0;

@@ -64,7 +64,7 @@ int usable_sms(const PlanKey& key);
 // Plans of the sm80 family (the portable CUDA kernels) split by kvflash's rule
 // (core/split_rule.h) instead of FA3's: num_splits is that rule's bound for the key's sizes and
 // the per-batch splits are that rule's.
-bool portable_splits(KernelFamily family);
+bool splits_by_portable_rule(KernelFamily family);
 
 // A Plan with the static decisions made from `key` for the family the rule picks
 // (family_of(key)), and empty per-batch vectors.

@@ -283,6 +283,10 @@ TEST(CudaParams, RejectedCallIsRefusedBeforeTheFirstKernel) {
   cuda::CallParams heads = ours;
   heads.attention.num_heads_k = 70000;
   expect_refused(heads, plan, "k_cache", "more than 65535 KV heads are not supported on CUDA yet");
+  cuda::CallParams rows = ours;
+  rows.attention.len.seqlen_q = 1 << 30;
+  rows.attention.group = 64;
+  expect_refused(rows, plan, "q", "more than 2^31 - 1 query tiles per KV head");
   cuda::CallParams batch = ours;
   batch.attention.len.batch = 70000;
   batch.attention.split_work = reinterpret_cast<const cuda::SplitWork*>(workspace.data());

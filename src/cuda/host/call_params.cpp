@@ -332,6 +332,11 @@ void check_supported(const core::Problem& p, const Outputs& outputs) {
 
 void check_launchable(const CallParams& call, const Plan& plan) {
   const AttentionGrid g = attention_grid(call.attention, rows_per_cta(plan));
+  if (g.x > core::kCudaMaxGridX) {
+    throw Error(ErrorKind::unsupported, "q",
+                "more than 2^31 - 1 query tiles per KV head are not supported on CUDA yet (got " +
+                    std::to_string(g.x) + ")");
+  }
   if (g.z > core::kCudaMaxGridYZ) {
     throw Error(ErrorKind::unsupported, "num_splits",
                 "batch * num_splits above 65535 is not supported on CUDA yet (got " +
