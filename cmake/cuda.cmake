@@ -1,7 +1,8 @@
-# The CUDA backend (included by CMakeLists.txt when nvcc is found). Adds src/cuda/*.cu to kvflash_lib.
+# The CUDA backend (included by CMakeLists.txt when nvcc is found): src/cuda/*.cu and ops/ into
+# kvflash_lib, the attention instantiations generated from src/cuda/instantiations.def.
 #
-#   KVFLASH_CUDA_MINIMAL=ON   one head dim (128), bf16 only, sm_80 only: the set CI compiles so a
-#                             compile break never lands while CI stays within its 2-core budget.
+#   KVFLASH_CUDA_MINIMAL=ON   the table's rows marked minimal (bf16, d 128), sm_80 only: the set CI
+#                             compiles so a compile break never lands within CI's 2-core budget.
 #   KVFLASH_CUTLASS_INCLUDE   CUTLASS/CuTe headers (default: the pinned PyPI nvidia-cutlass==4.2.0.0).
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
@@ -23,56 +24,117 @@ if(NOT KVFLASH_CUTLASS_INCLUDE)
 endif()
 if(KVFLASH_CUTLASS_INCLUDE AND EXISTS "${KVFLASH_CUTLASS_INCLUDE}/cute")
   message(STATUS "kvflash: CUTLASS headers at ${KVFLASH_CUTLASS_INCLUDE}")
-  target_include_directories(kvflash_lib PRIVATE "${KVFLASH_CUTLASS_INCLUDE}")
 else()
   message(STATUS "kvflash: CUTLASS headers not found (pip install nvidia-cutlass==4.2.0.0); not needed yet")
 endif()
 
-file(GLOB KVFLASH_CUDA_SOURCES CONFIGURE_DEPENDS src/cuda/*.cu)
-if(KVFLASH_CUDA_MINIMAL)
-  # Keep every kernel file but only one attention instantiation file.
-  list(FILTER KVFLASH_CUDA_SOURCES EXCLUDE REGEX "attention_inst_.*\\.cu$")
-  list(APPEND KVFLASH_CUDA_SOURCES src/cuda/attention_inst_bf16_hdim128.cu)
-  target_compile_definitions(kvflash_lib PRIVATE KVFLASH_CUDA_MINIMAL=1)
-  set(_kvflash_archs 80)
-else()
-  # The architectures of the portable kernels (a GPU-machine-only build may name just its own).
-  set(KVFLASH_CUDA_ARCHS "80;90a" CACHE STRING "CUDA architectures of the portable kernels (full builds)")
-  set(_kvflash_archs ${KVFLASH_CUDA_ARCHS})
-endif()
-
-target_sources(kvflash_lib PRIVATE ${KVFLASH_CUDA_SOURCES} src/cuda/sm90/prefill_rule.cpp)
-set_target_properties(kvflash_lib PROPERTIES CUDA_ARCHITECTURES "${_kvflash_archs}")
-
+# Flags every CUDA file of kvflash takes (kvflash_lib's own and the families' object libraries).
+add_library(kvflash_cuda_flags INTERFACE)
 # CUDA takes the project's C++20; CMake 3.25 does not know nvcc 13's flag for it.
 if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
   set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
   set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
 endif()
-target_compile_options(kvflash_lib PRIVATE
+target_compile_options(kvflash_cuda_flags INTERFACE
   $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo -Xptxas=--warn-on-spills>)
-target_compile_definitions(kvflash_lib PUBLIC KVFLASH_WITH_CUDA=1)
-target_link_libraries(kvflash_lib PUBLIC CUDA::cudart_static)
-
-# The Hopper prefill family (src/cuda/sm90): wgmma / TMA / setmaxnreg exist only on sm_90a, so its
-# files build apart, for that target alone, and only in full builds with the CUTLASS headers (CI's
-# minimal build leaves them out: sm90::prefill_takes then says no and the sm80 kernels run).
-if(NOT KVFLASH_CUDA_MINIMAL AND KVFLASH_CUTLASS_INCLUDE AND EXISTS "${KVFLASH_CUTLASS_INCLUDE}/cute")
-  file(GLOB KVFLASH_SM90_SOURCES CONFIGURE_DEPENDS src/cuda/sm90/*.cu)
-  add_library(kvflash_sm90 OBJECT ${KVFLASH_SM90_SOURCES})
-  set_target_properties(kvflash_sm90 PROPERTIES CUDA_ARCHITECTURES 90a CUDA_STANDARD 20)
-  target_include_directories(kvflash_sm90 PRIVATE include src "${KVFLASH_CUTLASS_INCLUDE}")
-  target_compile_options(kvflash_sm90 PRIVATE --expt-relaxed-constexpr -lineinfo -Xptxas=--warn-on-spills)
-  target_sources(kvflash_lib PRIVATE $<TARGET_OBJECTS:kvflash_sm90>)
-  target_compile_definitions(kvflash_lib PRIVATE KVFLASH_WITH_SM90=1)
+target_compile_definitions(kvflash_cuda_flags INTERFACE KVFLASH_WITH_CUDA=1)
+target_include_directories(kvflash_cuda_flags INTERFACE
+  "${CMAKE_CURRENT_SOURCE_DIR}/include" "${CMAKE_CURRENT_SOURCE_DIR}/src")
+if(KVFLASH_CUTLASS_INCLUDE AND EXISTS "${KVFLASH_CUTLASS_INCLUDE}/cute")
+  target_include_directories(kvflash_cuda_flags INTERFACE "${KVFLASH_CUTLASS_INCLUDE}")
 endif()
+
+# Architectures: sm_80 for the portable kernels (run on any later GPU too) and sm_90a for Hopper.
+if(KVFLASH_CUDA_MINIMAL)
+  target_compile_definitions(kvflash_cuda_flags INTERFACE KVFLASH_CUDA_MINIMAL=1)
+  set(_kvflash_archs 80)
+else()
+  set(_kvflash_archs 80 90a)
+endif()
+# Kernel families (src/cuda/<family>/) and the architectures each one's files compile for (those
+# of this build among them): its own .cu files and its generated instantiation units go into an
+# object library kvflash_cuda_<family> built for those architectures only.
+set(KVFLASH_FAMILIES sm80 sm90)
+set(KVFLASH_FAMILY_ARCHS_sm80 80 90a)
+# The Hopper family (wgmma, TMA, setmaxnreg: sm_90a only) is written with CuTe: without the
+# CUTLASS headers it is not built (its rows are skipped; the rule still picks it on sm_90, and the
+# dispatcher then says the kernel is not in this build).
+if(KVFLASH_CUTLASS_INCLUDE AND EXISTS "${KVFLASH_CUTLASS_INCLUDE}/cute")
+  set(KVFLASH_FAMILY_ARCHS_sm90 90a)
+endif()
+foreach(_family IN LISTS KVFLASH_FAMILIES)
+  set(_archs "")
+  foreach(_arch IN LISTS KVFLASH_FAMILY_ARCHS_${_family})
+    if(_arch IN_LIST _kvflash_archs)
+      list(APPEND _archs ${_arch})
+    endif()
+  endforeach()
+  if(_archs)
+    file(GLOB _sources CONFIGURE_DEPENDS src/cuda/${_family}/*.cu)
+    add_library(kvflash_cuda_${_family} OBJECT ${_sources})
+    set_target_properties(kvflash_cuda_${_family} PROPERTIES CUDA_ARCHITECTURES "${_archs}")
+    target_link_libraries(kvflash_cuda_${_family} PRIVATE kvflash_cuda_flags)
+    target_sources(kvflash_lib PRIVATE $<TARGET_OBJECTS:kvflash_cuda_${_family}>)
+  endif()
+endforeach()
+
+# The shared files: the dispatcher and ops/ (append + rotary, prepare, combine), for every arch.
+file(GLOB KVFLASH_CUDA_SOURCES CONFIGURE_DEPENDS src/cuda/*.cu src/cuda/ops/*.cu)
+target_sources(kvflash_lib PRIVATE ${KVFLASH_CUDA_SOURCES})
+set_target_properties(kvflash_lib PROPERTIES CUDA_ARCHITECTURES "${_kvflash_archs}")
+target_link_libraries(kvflash_lib PRIVATE kvflash_cuda_flags)
+target_compile_definitions(kvflash_lib PUBLIC KVFLASH_WITH_CUDA=1)
+
+# The instantiation table (src/cuda/instantiations.def): one generated unit per row, in its
+# family's object library, and the list of the built rows the dispatcher includes
+# (kvflash_inst/built_instantiations.inc).
+set(_kvflash_table "${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/instantiations.def")
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${_kvflash_table}")
+file(STRINGS "${_kvflash_table}" _kvflash_rows REGEX "^KVFLASH_INSTANTIATION\\(")
+set(_kvflash_gen "${CMAKE_CURRENT_BINARY_DIR}/kvflash_inst")
+set(_kvflash_built "")
+foreach(_row IN LISTS _kvflash_rows)
+  if(NOT _row MATCHES "^KVFLASH_INSTANTIATION\\(([a-z0-9]+), *([a-z0-9]+), *([0-9]+), *([0-9]+)\\)")
+    message(FATAL_ERROR "instantiations.def: cannot read the row '${_row}'")
+  endif()
+  set(_family ${CMAKE_MATCH_1})
+  set(_dtype ${CMAKE_MATCH_2})
+  set(_d ${CMAKE_MATCH_3})
+  set(_dv ${CMAKE_MATCH_4})
+  if(NOT _family IN_LIST KVFLASH_FAMILIES)
+    message(FATAL_ERROR "instantiations.def: ${_family} is not in KVFLASH_FAMILIES")
+  endif()
+  if((KVFLASH_CUDA_MINIMAL AND NOT _row MATCHES "// minimal") OR NOT TARGET kvflash_cuda_${_family})
+    continue()
+  endif()
+  if(_dtype STREQUAL "bf16")
+    set(_elem __nv_bfloat16)
+  else()
+    set(_elem __half)
+  endif()
+  set(_unit "${_kvflash_gen}/${_family}_${_dtype}_${_d}x${_dv}.cu")
+  file(CONFIGURE OUTPUT "${_unit}" CONTENT "\
+// Generated by cmake/cuda.cmake from src/cuda/instantiations.def: do not edit.
+#include \"cuda/${_family}/launch.cuh\"
+
+namespace kvflash::cuda {
+template void launch_${_family}_attention<${_elem}, ${_d}, ${_dv}>(const AttentionParams&, KernelShape, bool,
+                                                                  cudaStream_t);
+}  // namespace kvflash::cuda
+")
+  target_sources(kvflash_cuda_${_family} PRIVATE "${_unit}")
+  string(APPEND _kvflash_built "KVFLASH_INSTANTIATION(${_family}, ${_dtype}, ${_d}, ${_dv})\n")
+endforeach()
+file(CONFIGURE OUTPUT "${_kvflash_gen}/built_instantiations.inc" CONTENT "${_kvflash_built}")
+target_include_directories(kvflash_lib PRIVATE "${_kvflash_gen}")
+target_link_libraries(kvflash_lib PUBLIC CUDA::cudart_static)
 
 # The GPU test runner (tests/gpu/run.sh builds and runs it on a GPU machine).
 option(KVFLASH_GPU_TESTS "Build tests/gpu's kvflash_gpu_runner" OFF)
 if(KVFLASH_GPU_TESTS)
   file(GLOB KVFLASH_GPU_TEST_SOURCES CONFIGURE_DEPENDS tests/gpu/*.cpp)
   add_executable(kvflash_gpu_runner ${KVFLASH_GPU_TEST_SOURCES})
-  if(TARGET kvflash_sm90)
+  if(TARGET kvflash_cuda_sm90)  # the sm90 family's rungs are timed directly (sm90_bench.cpp)
     target_compile_definitions(kvflash_gpu_runner PRIVATE KVFLASH_WITH_SM90=1)
   endif()
   target_include_directories(kvflash_gpu_runner PRIVATE src tests)

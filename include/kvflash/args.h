@@ -1,5 +1,5 @@
 // The arguments and outputs of flash_attn_with_kvcache: every argument of FA3's Python function
-// (same names, same meaning, see ../shared/spec/kvcache-api.md section 3), plus sinks, only_qv and
+// (same names, same meaning, see docs/contract.md section 3), plus sinks, only_qv and
 // a caller-provided out. Tensors are non-owning views; absent optional tensors are nullopt.
 #pragma once
 

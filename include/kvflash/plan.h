@@ -1,6 +1,6 @@
 // Plan: typed scheduler metadata. It records the problem it was made for (PlanKey), the static
 // decisions (tile sizes, num_splits, pack_gqa) and the per-batch vectors of FA3's layout.
-// It serialises to FA3's int32 layout (spec section 6.4) and back. Using a Plan with a call whose
+// It serialises to FA3's int32 layout (contract section 6.4) and back. Using a Plan with a call whose
 // problem differs is an Error naming the first field that differs.
 #pragma once
 
@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kvflash/kernel_family.h"
 #include "kvflash/tensor.h"
 
 namespace kvflash {
@@ -37,7 +38,7 @@ struct PlanKey {
   int pack_gqa = -1;         // as requested: -1 heuristic, 0 false, 1 true
   int sm_margin = 0;
   int num_sms = 0;           // of the device the plan targets (before sm_margin)
-  int arch = 0;              // 0: CPU, 80, 90, ...
+  int arch = 0;              // 0: CPU, else the device's compute capability x 10 (80, 90, ...)
 
   bool operator==(const PlanKey&) const = default;
 };
@@ -49,11 +50,12 @@ std::string first_difference(const PlanKey& plan_key, const PlanKey& call_key);
 struct Plan {
   PlanKey key;
   // Static decisions.
+  KernelChoice kernel;  // family, kernel shape and instantiation (core/kernel_family.h)
   int block_m = 0;
   int block_n = 0;
   int num_splits = 1;   // upper bound of the per-batch splits; out_accum has this many
   bool pack_gqa = false;
-  bool is_causal = false;  // after normalisation (spec 5.4)
+  bool is_causal = false;  // after normalisation (contract 5.4)
   bool is_local = false;
   // Per batch element (length key.batch), indexed by batch element. (FA3's int32 layout stores
   // them by sorted position when batch_order is present; to_fa3 / from_fa3 convert.)

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/limits.h"
 #include "core/planner.h"
 #include "core/validate.h"
 #include "kvflash/kvflash.h"
@@ -196,7 +197,7 @@ void check_combine(const TensorView& out_partial, const TensorView& lse_partial,
   core::require_shape(lse_partial, "lse_partial", {partial.begin(), partial.end() - 1},
                       "lse_partial must have out_partial's shape without the head dimension");
   const int64_t num_splits = partial[0];
-  if (num_splits > 256) {
+  if (num_splits > core::kMaxSplits) {
     core::fail(ErrorKind::invalid_value, "out_partial",
                "FlashAttention combine only supports num_splits at most 256 (got " +
                    to_string(num_splits) + ")");

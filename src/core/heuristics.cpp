@@ -117,8 +117,30 @@ TileInputs tile_inputs(const PlanKey& key, const MaskShape& mask, bool paged_non
   return in;
 }
 
-bool use_pagedkv_tma(const PlanKey& key, const MaskShape& mask) {
-  if (key.arch < 90 || key.page_size <= 0 || key.has_leftpad || key.max_seqlen_k_new > 0) {
+FamilyInputs family_inputs(const PlanKey& key) {
+  FamilyInputs in;
+  in.arch = key.arch;
+  in.sixteen_bit = key.dtype == DType::f16 || key.dtype == DType::bf16;
+  in.headdim = key.headdim;
+  in.headdim_v = key.headdim_v;
+  in.packed_rows = int64_t{key.max_seqlen_q} * group_size(key);
+  in.max_seqlen_q = key.max_seqlen_q;
+  in.page_size = key.page_size;
+  in.has_leftpad = key.has_leftpad;
+  // The sm90 kernels run one split: a call that asks for more, or that FA3's rule would split
+  // at the sm90 tile, stays on the sm80 family.
+  if (key.num_splits <= 1 && key.arch == 90) {
+    const MaskShape mask = normalise_mask(key);
+    const TileSize tile = family_tile(KernelFamily::sm90, tile_inputs(key, mask, false));
+    in.one_split = key.num_splits == 1 || get_num_splits(key, KernelFamily::sm90, mask, tile) == 1;
+  }
+  return in;
+}
+
+KernelFamily family_of(const PlanKey& key) { return kernel_family(family_inputs(key)); }
+
+bool use_pagedkv_tma(const PlanKey& key, KernelFamily family, const MaskShape& mask) {
+  if (family != KernelFamily::sm90 || key.page_size <= 0 || key.has_leftpad || key.max_seqlen_k_new > 0) {
     return false;
   }
   const TileSize tile = tile_size_sm90(tile_inputs(key, mask, /*paged_non_tma=*/false));
@@ -129,7 +151,7 @@ bool use_pagedkv_tma(const PlanKey& key, const MaskShape& mask) {
 
 int usable_sms(const PlanKey& key) { return std::max(1, key.num_sms - key.sm_margin); }
 
-bool portable_cuda(const PlanKey& key) { return key.arch > 0 && key.arch < 90; }
+bool splits_by_portable_rule(KernelFamily family) { return family == KernelFamily::sm80; }
 
 namespace {
 
@@ -150,7 +172,7 @@ int portable_num_splits(const PlanKey& key, int64_t n_blocks, int64_t m_blocks) 
 
 }  // namespace
 
-int get_num_splits(const PlanKey& key, const MaskShape& mask, TileSize tile) {
+int get_num_splits(const PlanKey& key, KernelFamily family, const MaskShape& mask, TileSize tile) {
   const int64_t s_k = key.max_seqlen_k;
   // A local mask reads at most its window (plus one M tile of diagonal shift) of the keys.
   const int64_t keys_loaded =
@@ -159,7 +181,7 @@ int get_num_splits(const PlanKey& key, const MaskShape& mask, TileSize tile) {
                     : s_k;
   const int64_t n_blocks = ceil_div(keys_loaded, tile.block_n);
   const int64_t m_blocks = ceil_div(int64_t{key.max_seqlen_q} * group_size(key), tile.block_m);
-  if (portable_cuda(key)) return portable_num_splits(key, n_blocks, m_blocks);
+  if (splits_by_portable_rule(family)) return portable_num_splits(key, n_blocks, m_blocks);
   const int64_t size_one_kv_head = s_k * (key.headdim + key.headdim_v) * kv_elem_bytes(key);
   // With per-sequence (dynamic) splits this is only an upper bound, computed as if the batch
   // were one long sequence among short ones.
@@ -173,29 +195,33 @@ int get_num_splits(const PlanKey& key, const MaskShape& mask, TileSize tile) {
                               mask.is_causal || mask.is_local, kMaxHeuristicSplits);
 }
 
-bool get_pack_gqa(const PlanKey& key, TileSize tile, bool pagedkv_tma, int num_splits) {
+bool get_pack_gqa(const PlanKey& key, KernelFamily family, TileSize tile, bool pagedkv_tma,
+                  int num_splits) {
   // FA3 builds its sm8x, non-TMA paged and split kernels only packed; the CPU plans like sm8x.
-  if (key.arch < 90 || (key.page_size > 0 && !pagedkv_tma) || num_splits > 1) return true;
+  if (family != KernelFamily::sm90 || (key.page_size > 0 && !pagedkv_tma) || num_splits > 1) return true;
   if (key.pack_gqa >= 0) return key.pack_gqa == 1;
   if (key.num_heads == key.num_heads_k) return false;
   return should_pack_gqa(key.varlen_q, key.max_seqlen_q, group_size(key), tile.block_m);
 }
 
-Plan static_plan(const PlanKey& key) {
+Plan static_plan(const PlanKey& key) { return static_plan(key, family_of(key)); }
+
+Plan static_plan(const PlanKey& key, KernelFamily family) {
   Plan plan;
   plan.key = key;
+  plan.kernel = family_kernel(family, family_inputs(key));
   const MaskShape mask = normalise_mask(key);
   plan.is_causal = mask.is_causal;
   plan.is_local = mask.is_local;
-  const bool pagedkv_tma = use_pagedkv_tma(key, mask);
+  const bool pagedkv_tma = use_pagedkv_tma(key, family, mask);
   const bool paged_non_tma = key.page_size > 0 && !pagedkv_tma;
-  const TileSize tile = tile_size(key.arch, tile_inputs(key, mask, paged_non_tma));
+  const TileSize tile = family_tile(family, tile_inputs(key, mask, paged_non_tma));
   plan.block_m = tile.block_m;
   plan.block_n = tile.block_n;
-  plan.num_splits = key.num_splits > 0 ? key.num_splits : get_num_splits(key, mask, tile);
-  plan.pack_gqa = get_pack_gqa(key, tile, pagedkv_tma, plan.num_splits);
+  plan.num_splits = key.num_splits > 0 ? key.num_splits : get_num_splits(key, family, mask, tile);
+  plan.pack_gqa = get_pack_gqa(key, family, tile, pagedkv_tma, plan.num_splits);
   // The tile-count word FA3's persistent scheduler (sm90) and its split combine use.
-  plan.has_semaphore = key.arch >= 90 || plan.num_splits > 1;
+  plan.has_semaphore = family == KernelFamily::sm90 || plan.num_splits > 1;
   return plan;
 }
 
@@ -235,7 +261,7 @@ std::vector<int32_t> portable_splits_per_sequence(const Plan& plan, const std::v
 //  - CPU plans with a requested num_splits > 1 honour it exactly, capped by the sequence's key
 //    blocks: min(num_splits, n_blocks), at least 1. The CPU backend thus really runs split-KV
 //    and the combine whenever a caller asks for splits (tests rely on it).
-//  - Portable CUDA plans (0 < arch < 90), batch <= 992 and num_splits > 1: kvflash's rule
+//  - sm80-family plans (the portable CUDA kernels), batch <= 992 and num_splits > 1: kvflash's rule
 //    (core/split_rule.h).
 //  - Otherwise FA3's dynamic rule: one split each when batch > 992 or num_splits == 1; else
 //    spread the batch's total m x n blocks (10% margin, times the scheduled heads) over the
@@ -245,14 +271,16 @@ std::vector<int32_t> splits_per_sequence(const Plan& plan, const std::vector<int
   const size_t batch = n_blocks.size();
   const int upper = plan.num_splits;
   std::vector<int32_t> splits(batch, 1);
-  if (plan.key.arch == 0 && plan.key.num_splits > 0) {
+  if (plan.kernel.family == KernelFamily::cpu && plan.key.num_splits > 0) {
     for (size_t b = 0; b < batch; ++b) {
       splits[b] = std::clamp(std::min(upper, n_blocks[b]), 1, upper);
     }
     return splits;
   }
   if (plan.key.batch > kMaxDynamicSplitBatch || upper == 1) return splits;
-  if (portable_cuda(plan.key)) return portable_splits_per_sequence(plan, m_blocks, n_blocks);
+  if (splits_by_portable_rule(plan.kernel.family)) {
+    return portable_splits_per_sequence(plan, m_blocks, n_blocks);
+  }
   int64_t total_blocks = 0;
   for (size_t b = 0; b < batch; ++b) total_blocks += int64_t{m_blocks[b]} * n_blocks[b];
   const float per_sm = std::ceil(static_cast<float>(total_blocks) * 1.1f *

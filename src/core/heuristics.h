@@ -1,9 +1,9 @@
-// FA3's scheduling decisions (spec section 6), written from the spec's prose: window/causal
+// FA3's scheduling decisions (contract section 6), written from the contract's prose: window/causal
 // normalisation, paged TMA, num_splits, pack_gqa (the static half of a Plan), and the per-batch
 // vectors of the prepare step (dynamic splits, work order, heads in L2).
 //
 // kvflash always plans the way FA3 plans a varlen call (a flash_attn_with_kvcache call with
-// cache_seqlens is varlen, spec section 4 step 12): the split heuristic assumes one long sequence
+// cache_seqlens is varlen, contract section 4): the split heuristic assumes one long sequence
 // when batch <= 992, and splits are chosen per sequence. A call without cache_seqlens gets the
 // plan of one whose cache_seqlens are the full capacity. This keeps a Plan a function of its key
 // and the per-batch lengths only.
@@ -12,18 +12,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/kernel_family.h"
+#include "core/limits.h"
 #include "core/planner.h"
 #include "core/tile_size.h"
 #include "kvflash/plan.h"
 
 namespace kvflash::core {
-
-// FA3's limits: the heuristic never picks more than this many splits; a caller may ask for up to
-// kMaxSplits; per-sequence dynamic splits are only computed for batches up to this size (one
-// prepare CTA in FA3; beyond it every sequence gets one split).
-constexpr int kMaxHeuristicSplits = 128;
-constexpr int kMaxSplits = 256;
-constexpr int kMaxDynamicSplitBatch = 992;
 
 // The PlanKey both plan_key() (a call) and get_scheduler_metadata() produce from the raw values
 // they gather (page_size 0 when not paged, headdim_v already defaulted): fills the device fields
@@ -33,7 +28,7 @@ constexpr int kMaxDynamicSplitBatch = 992;
 // here so equal problems get equal keys.
 PlanKey canonical_key(PlanKey raw, const DeviceInfo& info);
 
-// Window/causal normalisation of spec 5.4 on the key's static sizes (max_seqlen_q, max_seqlen_k).
+// Window/causal normalisation of contract 5.4 on the key's static sizes (max_seqlen_q, max_seqlen_k).
 struct MaskShape {
   bool is_causal = false;
   bool is_local = false;
@@ -44,30 +39,39 @@ struct MaskShape {
 };
 MaskShape normalise_mask(const PlanKey& key);
 
-// Spec 6.3: how many splits fill the SMs best. size_one_kv_head in bytes.
+// Contract 6.3: how many splits fill the SMs best. size_one_kv_head in bytes.
 int num_splits_heuristic(int64_t total_mblocks, int num_sms, int num_n_blocks, int num_m_blocks,
                          int64_t size_one_kv_head, bool causal_or_local, int max_splits);
-// Spec 6.3: pack the query heads of a KV head into one M tile when that fills tiles better.
+// Contract 6.3: pack the query heads of a KV head into one M tile when that fills tiles better.
 bool should_pack_gqa(bool varlen_q, int seqlen_q, int qheads_per_kvhead, int block_m);
 
 TileInputs tile_inputs(const PlanKey& key, const MaskShape& mask, bool paged_non_tma);
-// Spec 6.2 (only meaningful for arch >= 90).
-bool use_pagedkv_tma(const PlanKey& key, const MaskShape& mask);
-// Spec 6.3, for key.num_splits <= 0 (kvflash's bound for portable CUDA plans, see above).
-int get_num_splits(const PlanKey& key, const MaskShape& mask, TileSize tile);
-// Spec 6.3; returns the pack_gqa the kernels run with (forced true for arch < 90, non-TMA paged
-// KV or num_splits > 1, whatever was requested).
-bool get_pack_gqa(const PlanKey& key, TileSize tile, bool pagedkv_tma, int num_splits);
+// The family rule's inputs (core/kernel_family.h) from a key, and its family.
+FamilyInputs family_inputs(const PlanKey& key);
+KernelFamily family_of(const PlanKey& key);
+
+// Contract 6.2 (only the sm90 family reads paged KV by TMA).
+bool use_pagedkv_tma(const PlanKey& key, KernelFamily family, const MaskShape& mask);
+// Contract 6.3, for key.num_splits <= 0 (kvflash's bound for the sm80 family, see above).
+int get_num_splits(const PlanKey& key, KernelFamily family, const MaskShape& mask, TileSize tile);
+// Contract 6.3; returns the pack_gqa the kernels run with (forced true outside the sm90 family, for
+// non-TMA paged KV or num_splits > 1, whatever was requested).
+bool get_pack_gqa(const PlanKey& key, KernelFamily family, TileSize tile, bool pagedkv_tma,
+                  int num_splits);
 
 // SMs (CPU: hardware threads) the plan may use: num_sms - sm_margin, at least 1.
 int usable_sms(const PlanKey& key);
-// Plans for the portable CUDA kernels (0 < arch < 90) split by kvflash's rule
+// Plans of the sm80 family (the portable CUDA kernels) split by kvflash's rule
 // (core/split_rule.h) instead of FA3's: num_splits is that rule's bound for the key's sizes and
 // the per-batch splits are that rule's.
-bool portable_cuda(const PlanKey& key);
+bool splits_by_portable_rule(KernelFamily family);
 
-// A Plan with the static decisions made from `key` and empty per-batch vectors.
+// A Plan with the static decisions made from `key` for the family the rule picks
+// (family_of(key)), and empty per-batch vectors.
 Plan static_plan(const PlanKey& key);
+// The same for a given family (tests plan the sm90 family this way: the rule picks it for no
+// call until its kernels land).
+Plan static_plan(const PlanKey& key, KernelFamily family);
 
 // Lengths of one sequence as the planner sees them.
 struct SeqLengths {

@@ -1,12 +1,8 @@
 // Which keys a query row sees: the one definition of causal / sliding window / chunked masks
-// (spec 5.4), shared by every backend. Host and device.
+// (contract 5.4), shared by every backend. Host and device.
 #pragma once
 
-#if defined(__CUDACC__)
-#define KVFLASH_HD __host__ __device__ __forceinline__
-#else
-#define KVFLASH_HD inline
-#endif
+#include "core/limits.h"
 
 namespace kvflash::core {
 

@@ -1,4 +1,4 @@
-// Plan <-> FA3's int32 scheduler_metadata layout (spec 6.4), the checks on a Plan's vectors, and
+// Plan <-> FA3's int32 scheduler_metadata layout (contract 6.4), the checks on a Plan's vectors, and
 // first_difference.
 //
 // Indexing: a typed Plan's per-batch vectors are indexed by batch element. FA3's layout, when it
@@ -186,6 +186,25 @@ std::string show_pack_gqa(int v) { return v < 0 ? "None" : show(v > 0); }
 std::string show_arch(int v) { return v == 0 ? "CPU" : "sm" + std::to_string(v); }
 
 }  // namespace
+
+const char* family_name(KernelFamily family) {
+  switch (family) {
+    case KernelFamily::cpu: return "cpu";
+    case KernelFamily::sm80: return "sm80";
+    case KernelFamily::sm90: return "sm90";
+  }
+  return "?";
+}
+
+const char* shape_name(KernelShape shape) {
+  switch (shape) {
+    case KernelShape::none: return "none";
+    case KernelShape::decode_8: return "decode_8";
+    case KernelShape::decode_16: return "decode_16";
+    case KernelShape::prefill: return "prefill";
+  }
+  return "?";
+}
 
 std::string first_difference(const PlanKey& plan_key, const PlanKey& call_key) {
   std::string found;

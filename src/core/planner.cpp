@@ -2,7 +2,7 @@
 // that make a caller's Plan (typed, or FA3's int32 tensor) safe to use for this call.
 //
 // Per-batch lengths: a CPU problem's length tensors are host memory, so its vectors are computed
-// from the real lengths (spec 5.1). A CUDA problem's lengths live on the device; its vectors are
+// from the real lengths (contract 5.1). A CUDA problem's lengths live on the device; its vectors are
 // filled from the static bounds (max_seqlen_q query rows, the cache capacity in keys for every
 // sequence) and the CUDA backend refreshes them on the device before the kernels run.
 #include <algorithm>
@@ -38,6 +38,14 @@ std::vector<SeqLengths> sequence_lengths(const Problem& p) {
 // A typed Plan's fields are public: a caller may have edited its static decisions. They must be
 // the ones this call's key gives, since out_accum and the kernels are sized by them.
 void check_static_decisions(const Plan& plan, const Plan& expected) {
+  if (!(plan.kernel == expected.kernel)) {
+    const auto show = [](const KernelChoice& k) {
+      return std::string(family_name(k.family)) + " " + shape_name(k.shape) + " " +
+             std::to_string(k.headdim) + "x" + std::to_string(k.headdim_v);
+    };
+    reject("scheduler_metadata: kernel is " + show(plan.kernel) + ", but this call's plan has " +
+           show(expected.kernel));
+  }
   const auto same = [](const char* name, int got, int want) {
     if (got != want) {
       reject("scheduler_metadata: " + std::string(name) + " is " + std::to_string(got) +
@@ -126,7 +134,7 @@ Plan plan_from_metadata(const TensorView& metadata, const Problem& p, const int3
                 "scheduler_metadata must be on " + device_name(p.device) + " (q's device), got " +
                     device_name(metadata.device));
   }
-  // The length this call's layout needs (spec 6.4) depends only on the key.
+  // The length this call's layout needs (contract 6.4) depends only on the key.
   const size_t expected = static_plan(p.key).fa3_size();
   if (metadata.rank != 1 || metadata.shape[0] != static_cast<int64_t>(expected)) {
     throw Error(ErrorKind::invalid_value, name,

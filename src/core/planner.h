@@ -1,4 +1,4 @@
-// The planner: FA3's heuristics (spec section 6) over a resolved Problem, and the checks that
+// The planner: FA3's heuristics (contract section 6) over a resolved Problem, and the checks that
 // make a Plan safe to reuse. Host side; the CUDA backend refreshes per-batch vectors on device.
 #pragma once
 
@@ -9,7 +9,7 @@ namespace kvflash::core {
 
 struct DeviceInfo {
   int num_sms = 1;  // CUDA: multiprocessor count; CPU: hardware threads
-  int arch = 0;     // 0 CPU, else compute capability * 10 (80, 90, ...)
+  int arch = 0;     // 0 CPU, else the device's compute capability * 10 (80, 90, ...)
 };
 DeviceInfo device_info(Device device);
 

@@ -48,7 +48,7 @@ struct Problem {
   int window_left = -1;
   int window_right = -1;
   int attention_chunk = 0;
-  // Normalised flags (spec 5.4): they choose kernels and plans, never change results.
+  // Normalised flags (contract 5.4): they choose kernels and plans, never change results.
   bool is_causal = false;
   bool is_local = false;
   bool rotate_q_per_row = false;  // causal or local: query row i at rotary start + i
@@ -58,7 +58,7 @@ struct Problem {
 
 Problem resolve(const KvCacheArgs& args);
 
-// Per-sequence lengths (spec 5.1), read from host-visible tensors.
+// Per-sequence lengths (contract 5.1), read from host-visible tensors.
 struct SeqInfo {
   int q_offset = 0;      // first row of this sequence in q / out (packed or b * s_q)
   int seqlen_q = 0;

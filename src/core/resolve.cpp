@@ -1,5 +1,5 @@
 // resolve(): a validated KvCacheArgs into the Problem every later stage reads, and seq_info(),
-// the per-sequence lengths of spec 5.1.
+// the per-sequence lengths of contract 5.1.
 #include <algorithm>
 #include <cmath>
 
@@ -94,7 +94,7 @@ Problem resolve(const KvCacheArgs& args) {
   p.attention_chunk = args.attention_chunk;
 
   p.key = plan_key(p, device_info(p.device));
-  // The planner's normalisation (spec 5.4) is the one definition of the flags.
+  // The planner's normalisation (contract 5.4) is the one definition of the flags.
   const MaskShape mask = normalise_mask(p.key);
   p.is_causal = mask.is_causal;
   p.is_local = mask.is_local;

@@ -1,4 +1,4 @@
-// kvflash::get_scheduler_metadata: FA3's get_scheduler_metadata (spec 6.5) as a typed Plan.
+// kvflash::get_scheduler_metadata: FA3's get_scheduler_metadata (contract 6.5) as a typed Plan.
 //
 // It builds the PlanKey the later flash_attn_with_kvcache call will build (both go through
 // core::canonical_key), so the call accepts the Plan exactly when the arguments that shape the
@@ -8,7 +8,7 @@
 //
 // Lengths are read on the host (CPU tensors); without cache_seqlens every sequence has
 // max_seqlen_k cached keys. cu_seqlens_k_new counts only when max_seqlen_k_new > 0: without new
-// K/V the call attends no new keys, so upstream's use of it there (spec 12.4) would plan for
+// K/V the call attends no new keys, so upstream's use of it there (contract 8.4) would plan for
 // longer sequences than the call has.
 #include <string>
 #include <vector>
@@ -105,7 +105,7 @@ std::vector<int> lengths_from_prefix_sums(const TensorView& t, const char* name,
   return lengths;
 }
 
-// Spec 5.1 over the arguments get_scheduler_metadata has.
+// Contract 5.1 over the arguments get_scheduler_metadata has.
 std::vector<core::SeqLengths> sequence_lengths(const SchedulerArgs& a) {
   const int batch = a.batch_size;
   std::vector<int> q_rows(batch, a.max_seqlen_q);

@@ -1,8 +1,8 @@
-// kvflash's split-KV rule for the portable CUDA kernels (plans with 0 < arch < 90), shared by the
-// host planner (core/heuristics.cpp) and the device prepare kernel (cuda/prepare.cu), so both give
+// kvflash's split-KV rule for the portable CUDA kernels (plans of the sm80 family), shared by the
+// host planner (core/heuristics.cpp) and the device prepare kernel (cuda/ops/prepare.cu), so both give
 // the same splits for the same lengths. Integer arithmetic only: deterministic on both sides.
 //
-// Why not FA3's rule (spec 6.3): FA3 sizes splits for one persistent CTA per SM; the portable
+// Why not FA3's rule (contract 6.3): FA3 sizes splits for one persistent CTA per SM; the portable
 // decode CTA is 4 warps, several of them share an SM, and a CTA with one warp per scheduler is
 // bound by instruction latency, not memory (H200: batch 1 x 8192 keys ran 120 CTAs at 6 %
 // occupancy). So the rule counts CTA slots (kPortableCtasPerSm per SM) instead of SMs:

@@ -1,17 +1,12 @@
-// Tile sizes (kBlockM x kBlockN): the one source of truth. The planner derives num_m_blocks,
+// Tile sizes (kBlockM x kBlockN): the one source of truth (each family's table is picked by
+// core/kernel_family.h family_tile). The planner derives num_m_blocks,
 // key blocks per split and the split heuristics from these numbers, and every kernel (CUDA sm80 /
 // sm90, the CPU backend's split partition) must read its block sizes from the same functions with
 // the same inputs; otherwise a Plan's per-batch vectors would describe tiles the kernel does not
 // use. Usable from host and device code, and in constant expressions.
 #pragma once
 
-#if !defined(KVFLASH_HD)
-#if defined(__CUDACC__)
-#define KVFLASH_HD __host__ __device__ __forceinline__
-#else
-#define KVFLASH_HD inline
-#endif
-#endif
+#include "core/limits.h"
 
 namespace kvflash::core {
 
@@ -25,14 +20,14 @@ struct TileInputs {
   int headdim = 0;
   int headdim_v = 0;
   int elem_bytes = 2;          // 1 selects the fp8 table
-  bool causal = false;         // normalised flags (spec 5.4), not the caller's
+  bool causal = false;         // normalised flags (contract 5.4), not the caller's
   bool local = false;
-  bool paged_non_tma = false;  // paged KV read without TMA (spec 6.2)
+  bool paged_non_tma = false;  // paged KV read without TMA (contract 6.2)
   bool softcap = false;
   bool v_colmajor = false;     // fp8 V stored column-major (never in kvflash today)
 };
 
-// Head dims are compiled for {64, 96, 128, 192, 256}; V also for 512 (spec 6.1).
+// Head dims are compiled for {64, 96, 128, 192, 256}; V also for 512 (contract 6.1).
 KVFLASH_HD constexpr int round_up_headdim(int d) {
   return d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
 }
@@ -40,7 +35,7 @@ KVFLASH_HD constexpr int round_up_headdim_v(int dv) {
   return dv <= 256 ? round_up_headdim(dv) : 512;
 }
 
-// Hopper (sm90) table, FA3's choices (spec 6.1).
+// Hopper (sm90) table, FA3's choices (contract 6.1).
 KVFLASH_HD constexpr TileSize tile_size_sm90_16bit(const TileInputs& in) {
   const int d = round_up_headdim(in.headdim);
   const int dv = round_up_headdim_v(in.headdim_v);
@@ -80,11 +75,6 @@ KVFLASH_HD constexpr TileSize tile_size_sm80(const TileInputs& in) {
   const int dv = round_up_headdim_v(in.headdim_v);
   const int widest = d > dv ? d : dv;
   return {widest <= 128 ? 128 : 64, widest <= 64 ? 128 : 64};
-}
-
-// arch: 0 for the CPU, else compute capability * 10 (80, 86, 90, ...).
-KVFLASH_HD constexpr TileSize tile_size(int arch, const TileInputs& in) {
-  return arch >= 90 ? tile_size_sm90(in) : tile_size_sm80(in);
 }
 
 }  // namespace kvflash::core

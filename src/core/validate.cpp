@@ -1,4 +1,4 @@
-// validate(): every metadata rule of flash_attn_with_kvcache (spec sections 4 and 7), in the
+// validate(): every metadata rule of flash_attn_with_kvcache (contract sections 4 and 7), in the
 // order FA3's mha_fwd checks them, so a call FA3 rejects fails here with the same message first.
 // Nothing here reads tensor contents; check_values.cpp does that.
 #include "core/validate.h"
@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/limits.h"
 #include "kvflash/kvflash.h"
 
 namespace kvflash::core {
@@ -17,8 +18,6 @@ namespace kvflash::core {
 namespace {
 
 using std::to_string;
-constexpr int kMaxHeaddim = 256;
-constexpr int kMaxSplits = 256;
 
 bool is_16bit(DType d) { return d == DType::f16 || d == DType::bf16; }
 
@@ -305,7 +304,7 @@ void check_heads(const KvCacheArgs& a, const CallShape& s) {
              "; pass cache_batch_idx to map batch elements to cache rows)");
   }
   const char* q_name = a.q ? "q" : "k_cache";
-  if (s.headdim > kMaxHeaddim) {
+  if (s.headdim > kMaxHeadDim) {
     fail(ErrorKind::invalid_value, q_name,
          "FlashAttention forward only supports head dimension at most 256 (headdim is " +
              to_string(s.headdim) + ")");
@@ -332,7 +331,7 @@ void check_heads(const KvCacheArgs& a, const CallShape& s) {
                to_string(d) + ", headdim_v is " + to_string(dv) + ")");
     }
   }
-  if (dv > 256 && s.dtype == DType::e4m3) {
+  if (dv > kMaxHeadDim && s.dtype == DType::e4m3) {
     fail(ErrorKind::invalid_type, "v_cache",
          "HeaddimV > 256 requires fp16 and bf16 data type (headdim_v is " + to_string(dv) +
              ", dtype is float8_e4m3fn)");

@@ -1,4 +1,4 @@
-// Validation of a flash_attn_with_kvcache call (spec sections 4 and 7), split in two:
+// Validation of a flash_attn_with_kvcache call (contract sections 4 and 7), split in two:
 // validate() checks everything the tensors' metadata tells (dtypes, devices, shapes, strides,
 // flags); check_values() checks the index and length tensors' contents, given host copies.
 #pragma once
@@ -13,7 +13,7 @@
 
 namespace kvflash::core {
 
-// The sizes a call's tensors define (spec section 4, step 6). Read before the shape checks, so
+// The sizes a call's tensors define (contract section 4). Read before the shape checks, so
 // only the ranks are trusted; validate() checks everything against these.
 struct CallShape {
   Device device{};

@@ -1,4 +1,4 @@
-// Step 1 of a call: new K/V rows into the cache (spec 5.2). Every row is written, including
+// Step 1 of a call: new K/V rows into the cache (contract 5.2). Every row is written, including
 // rows no query will see (upstream may skip those; the contract says the cache holds them all).
 #include <cstring>
 #include <vector>
@@ -42,7 +42,7 @@ void append_kv(const core::Problem& p, int num_threads) {
           char* dst = k_cache.row(s.cache_row, pos, hk);
           std::memcpy(dst, k_new.row(t, hk), k_bytes);
           if (!rotary.enabled()) continue;
-          // Rotate in fp32 and round once to the storage type (spec 5.2); the channels past
+          // Rotate in fp32 and round once to the storage type (contract 5.2); the channels past
           // rotary_dim keep their bits.
           load_row(k_dtype, dst, p.rotary_dim, k_row.data());
           rotary.rotate(k_row.data(), s.rotary_start + t);

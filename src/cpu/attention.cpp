@@ -249,7 +249,7 @@ void process_rows(const Context& c, int r0, int r1, int head_k, int a, int b, in
   }
 }
 
-// Sink logit of head h, added by split 0 only (spec 5.5).
+// Sink logit of head h, added by split 0 only (contract 5.5).
 float sink_of(const core::Problem& p, int h, int split) {
   if (!p.has_sinks || split != 0) return kNegInf;
   const TensorView& t = *p.args.sinks;
@@ -259,7 +259,7 @@ float sink_of(const core::Problem& p, int h, int split) {
 // Final out (normalised, in place in acc) and LSE of one row.
 float finalize_row(float m, float l, float sink, float out_scale, float* acc, int dim_v) {
   float lse = kNegInf, norm = 0.0f;
-  const bool has_keys = l > 0.0f && m != kNegInf;  // l NaN also counts as none (spec 5.5)
+  const bool has_keys = l > 0.0f && m != kNegInf;  // l NaN also counts as none (contract 5.5)
   if (has_keys) {
     const float top = std::max(m, sink);
     const float denom = l * std::exp(m - top) + (sink == kNegInf ? 0.0f : std::exp(sink - top));

@@ -1,4 +1,4 @@
-// Rotary embedding of one fp32 row (spec 5.2): pairs of the first rotary_dim channels, GPT-J
+// Rotary embedding of one fp32 row (contract 5.2): pairs of the first rotary_dim channels, GPT-J
 // interleaved (2p, 2p+1) or NeoX halves (p, p + rotary_dim/2), rotated by cos/sin at a position.
 #pragma once
 

@@ -11,11 +11,11 @@
 #include <string>
 
 #include "core/backend.h"
-#include "core/heuristics.h"
 #include "core/planner.h"
-#include "core/split_rule.h"
-#include "cuda/kernels.h"
-#include "cuda/sm90/prefill.h"
+#include "cuda/host/call_params.h"
+#include "cuda/ops/kernels.h"
+#include "cuda/sm80/launch.h"
+#include "cuda/sm90/launch.h"
 
 namespace kvflash {
 namespace cuda {
@@ -26,128 +26,6 @@ void check_cuda(cudaError_t status, const char* what) {
     throw Error(ErrorKind::device_failure, "",
                 std::string("CUDA error in ") + what + ": " + cudaGetErrorString(status));
   }
-}
-
-[[noreturn]] void unsupported(const std::string& argument, const std::string& what) {
-  throw Error(ErrorKind::unsupported, argument, what + " not supported on CUDA yet");
-}
-
-size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
-
-IntVec int_vec(const OptTensor& t) {
-  if (!t) return {};
-  return IntVec{t->ptr<const int32_t>(), t->rank > 0 ? t->stride(0) : 1};
-}
-
-// The kernels move 16-byte chunks of rows: rows must start on 16-byte boundaries.
-void require_aligned_rows(const OptTensor& t, const char* name) {
-  if (!t) return;
-  bool ok = reinterpret_cast<uintptr_t>(t->data) % 16 == 0;
-  for (int i = 0; i + 1 < t->rank; ++i) ok = ok && (t->stride(i) * int64_t(dtype_size(t->dtype))) % 16 == 0;
-  if (!ok) {
-    throw Error(ErrorKind::unsupported, name,
-                std::string(name) + " with rows not aligned to 16 bytes (strides " +
-                    "and data pointer) is not supported on CUDA yet");
-  }
-}
-
-void check_supported(const core::Problem& p, const Outputs& outputs) {
-  if (p.fp8) unsupported("q", "fp8 (e4m3) inputs are");
-  if (p.has_qv || p.only_qv) unsupported("qv", "qv / only_qv is");
-  if (p.dtype != DType::bf16 && p.dtype != DType::f16) {
-    unsupported("q", std::string("dtype ") + dtype_name(p.dtype) + " is");
-  }
-  if (p.headdim > 256 || p.headdim_v > 256) unsupported("v_cache", "head dim above 256 is");
-  if (p.headdim % 8 != 0 || p.headdim_v % 8 != 0) unsupported("q", "head dims not a multiple of 8 are");
-  const KvCacheArgs& a = p.args;
-  require_aligned_rows(a.q, "q");
-  require_aligned_rows(a.k_cache, "k_cache");
-  require_aligned_rows(a.v_cache, "v_cache");
-  require_aligned_rows(a.k, "k");
-  require_aligned_rows(a.v, "v");
-  require_aligned_rows(outputs.out, "out");
-}
-
-int64_t q_rows(const core::Problem& p) { return p.varlen_q ? p.total_q : int64_t(p.batch) * p.seqlen_q; }
-
-// Workspace layout: [out partials | LSE partials | per-batch splits | split columns | rotated q],
-// 256-aligned.
-struct WorkspaceLayout {
-  size_t out_partial = 0, lse_partial = 0, splits = 0, work = 0, q_rot = 0, total = 0;
-  int work_columns = 0;  // split columns the prepare kernel lists (core::portable_split_columns)
-};
-
-WorkspaceLayout workspace_layout(const core::Problem& p, const Plan& plan) {
-  WorkspaceLayout w;
-  size_t at = 0;
-  const size_t rows = size_t(q_rows(p)) * size_t(p.num_heads);
-  if (plan.num_splits > 1) {
-    w.out_partial = at;
-    at += align_up(size_t(plan.num_splits) * rows * size_t(p.headdim_v) * 4);
-    w.lse_partial = at;
-    at += align_up(size_t(plan.num_splits) * rows * 4);
-    w.splits = at;
-    at += align_up(size_t(p.batch) * 4);
-    w.work_columns = int(core::portable_split_columns(p.batch, plan.num_splits,
-                                                      core::scheduled_heads(plan),
-                                                      core::usable_sms(plan.key)));
-    w.work = at;
-    at += align_up(size_t(w.work_columns) * sizeof(SplitWork));
-  }
-  if (p.rotary_dim > 0 && p.has_q) {
-    w.q_rot = at;
-    at += align_up(rows * size_t(p.headdim) * dtype_size(p.dtype));
-  }
-  w.total = at;
-  return w;
-}
-
-LengthParams length_params(const core::Problem& p) {
-  const KvCacheArgs& a = p.args;
-  LengthParams l;
-  l.batch = p.batch;
-  l.seqlen_q = p.seqlen_q;
-  l.total_q = int(q_rows(p));
-  l.cu_seqlens_q = int_vec(a.cu_seqlens_q);
-  l.cache_seqlens = int_vec(a.cache_seqlens);
-  l.cache_seqlens_value = a.cache_seqlens ? -1 : a.cache_seqlens_value.value_or(-1);
-  l.cache_leftpad = int_vec(a.cache_leftpad);
-  l.cache_batch_idx = int_vec(a.cache_batch_idx);
-  l.num_cache_seqs = p.paged ? int(a.page_table->size(0)) : p.num_cache_rows;
-  l.capacity = p.seqlen_k;
-  l.has_knew = p.has_knew;
-  l.cu_seqlens_k_new = int_vec(a.cu_seqlens_k_new);
-  l.seqlen_knew = p.knew_packed ? 0 : p.seqlen_knew;
-  l.total_knew = p.has_knew ? int(p.knew_packed ? a.k->size(0) : int64_t(p.batch) * p.seqlen_knew) : 0;
-  l.rotary_seqlens = int_vec(a.rotary_seqlens);
-  return l;
-}
-
-CacheParams cache_params(const core::Problem& p) {
-  const KvCacheArgs& a = p.args;
-  CacheParams c;
-  const TensorView& k = *a.k_cache;
-  const TensorView& v = *a.v_cache;
-  c.k = k.data;
-  c.v = v.data;
-  c.k_row_stride = k.stride(0), c.k_pos_stride = k.stride(1), c.k_head_stride = k.stride(2);
-  c.v_row_stride = v.stride(0), c.v_pos_stride = v.stride(1), c.v_head_stride = v.stride(2);
-  c.paged = p.paged;
-  if (p.paged) {
-    c.page_size = p.page_size;
-    c.num_pages = int(k.size(0) < v.size(0) ? k.size(0) : v.size(0));
-    c.page_table = a.page_table->ptr<const int32_t>();
-    c.page_table_row_stride = a.page_table->stride(0);
-    c.page_table_col_stride = a.page_table->stride(1);
-    c.pages_per_seq = int(a.page_table->size(1));
-  }
-  return c;
-}
-
-// (batch, token, head) addressing of a (b, s, h, d) or varlen (total, h, d) tensor.
-RowLayout row_layout(const TensorView& t, bool varlen) {
-  if (varlen) return RowLayout{t.data, 0, t.stride(0), t.stride(1)};
-  return RowLayout{t.data, t.stride(0), t.stride(1), t.stride(2)};
 }
 
 // Programmatic dependent launch (launch.cuh) needs sm_90+: from Hopper on, the attention and
@@ -165,192 +43,49 @@ bool has_programmatic_launch(int device) {
   return v == 2;
 }
 
-template <class Elem>
-void launch_attention_for(const AttentionParams& ap, int d, int dv, bool overlap, cudaStream_t stream) {
-#if defined(KVFLASH_CUDA_MINIMAL)
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
-    if (d <= 128 && dv <= 128 && d > 96 && dv > 96) return launch_attention<Elem, 128, 128>(ap, overlap, stream);
+// The attention launchers the build holds: the rows of the instantiation table CMake generated
+// units for (kvflash_inst/built_instantiations.inc; a KVFLASH_CUDA_MINIMAL build holds one).
+using AttentionLauncher = void (*)(const AttentionParams&, KernelShape, bool, cudaStream_t);
+struct BuiltInstantiation {
+  KernelFamily family;
+  DType dtype;
+  int headdim, headdim_v;
+  AttentionLauncher launch;
+};
+using bf16 = __nv_bfloat16;
+using f16 = __half;
+#define KVFLASH_INSTANTIATION(family, dtype, d, dv) \
+  {KernelFamily::family, DType::dtype, d, dv, &launch_##family##_attention<dtype, d, dv>},
+constexpr BuiltInstantiation kBuilt[] = {
+#include "built_instantiations.inc"
+};
+#undef KVFLASH_INSTANTIATION
+
+// The launcher of the Plan's kernel: exactly what the planner chose, never a substitute.
+AttentionLauncher attention_launcher(const Plan& plan, DType dtype) {
+  for (const BuiltInstantiation& row : kBuilt) {
+    if (row.family == plan.kernel.family && row.dtype == dtype && row.headdim == plan.kernel.headdim &&
+        row.headdim_v == plan.kernel.headdim_v) {
+      return row.launch;
+    }
   }
-  unsupported("q", "this head dim / dtype in a KVFLASH_CUDA_MINIMAL build is");
-#else
-  const int rd = core::round_up_headdim(d), rdv = core::round_up_headdim(dv);
-  if (rd == 192 && rdv <= 128) return launch_attention<Elem, 192, 128>(ap, overlap, stream);
-  const int widest = rd > rdv ? rd : rdv;
-  switch (widest) {
-    case 64: return launch_attention<Elem, 64, 64>(ap, overlap, stream);
-    case 96: return launch_attention<Elem, 96, 96>(ap, overlap, stream);
-    case 128: return launch_attention<Elem, 128, 128>(ap, overlap, stream);
-    case 192: return launch_attention<Elem, 192, 192>(ap, overlap, stream);
-    default: return launch_attention<Elem, 256, 256>(ap, overlap, stream);
-  }
-#endif
+  throw Error(ErrorKind::unsupported, "q",
+              std::string("the ") + family_name(plan.kernel.family) + " kernel for " + dtype_name(dtype) +
+                  ", head dims " + std::to_string(plan.kernel.headdim) + " / " +
+                  std::to_string(plan.kernel.headdim_v) + " is not in this build (KVFLASH_CUDA_MINIMAL?)");
 }
 
-// The sm90 prefill family (sm90/prefill.h), for the calls sm90::prefill_takes accepts.
+// Every check that can refuse the call first, then the kernels: a refused call writes nothing.
 template <class Elem>
-void launch_prefill_sm90(const AttentionParams& ap, int headdim, int group, cudaStream_t stream) {
-#if defined(KVFLASH_WITH_SM90)
-  switch (headdim) {
-    case 64: return sm90::launch_prefill_rung<Elem, 64>(ap, group, sm90::kBestRung, stream);
-    case 128: return sm90::launch_prefill_rung<Elem, 128>(ap, group, sm90::kBestRung, stream);
-    default: return sm90::launch_prefill_rung<Elem, 256>(ap, group, sm90::kBestRung, stream);
-  }
-#else
-  (void)ap, (void)headdim, (void)group, (void)stream;
-  unsupported("q", "the sm90 prefill family in this build is");
-#endif
-}
-
-template <class Elem>
-void run_typed(const core::Problem& p, const Plan& plan, const Outputs& outputs, char* ws,
-               const WorkspaceLayout& layout, cudaStream_t stream) {
-  const KvCacheArgs& a = p.args;
-  const LengthParams len = length_params(p);
-  const CacheParams cache = cache_params(p);
-
-  if (p.has_knew) {
-    AppendParams ap;
-    ap.len = len;
-    ap.cache = cache;
-    ap.k_new = row_layout(*a.k, p.knew_packed);
-    ap.v_new = row_layout(*a.v, p.knew_packed);
-    ap.num_heads_k = p.num_heads_k, ap.headdim = p.headdim, ap.headdim_v = p.headdim_v;
-    if (p.rotary_dim > 0) {
-      ap.rotary_cos = a.rotary_cos->data, ap.rotary_sin = a.rotary_sin->data;
-      ap.rotary_row_stride = a.rotary_cos->stride(0), ap.rotary_col_stride = a.rotary_cos->stride(1);
-      ap.rotary_rows = int(a.rotary_cos->size(0));
-      ap.rotary_dim = p.rotary_dim, ap.rotary_interleaved = p.rotary_interleaved;
-    }
-    const int max_rows = p.knew_packed ? len.total_knew : p.seqlen_knew;
-    launch_append_kv<Elem>(ap, max_rows, stream);
-  }
-
-  AttentionParams at;
-  at.len = len;
-  at.cache = cache;
-  at.q = row_layout(*a.q, p.varlen_q);
-  if (p.rotary_dim > 0) {
-    RotateQParams rq;
-    rq.len = len;
-    rq.q = at.q;
-    const int64_t hd = int64_t(p.num_heads) * p.headdim;
-    rq.q_rot = RowLayout{ws + layout.q_rot, p.varlen_q ? 0 : int64_t(p.seqlen_q) * hd, hd, p.headdim};
-    rq.num_heads = p.num_heads, rq.headdim = p.headdim;
-    rq.rotary_cos = a.rotary_cos->data, rq.rotary_sin = a.rotary_sin->data;
-    rq.rotary_row_stride = a.rotary_cos->stride(0), rq.rotary_col_stride = a.rotary_cos->stride(1);
-    rq.rotary_rows = int(a.rotary_cos->size(0));
-    rq.rotary_dim = p.rotary_dim, rq.rotary_interleaved = p.rotary_interleaved;
-    rq.per_row = p.rotate_q_per_row;
-    launch_rotate_q<Elem>(rq, stream);
-    at.q = rq.q_rot;
-  }
-  at.out = row_layout(outputs.out, p.varlen_q);
-  if (outputs.softmax_lse) {
-    const TensorView& l = *outputs.softmax_lse;  // (b, h, s_q) | (h, total_q)
-    at.lse = l.ptr<float>();
-    if (p.varlen_q) at.lse_head_stride = l.stride(0), at.lse_token_stride = l.stride(1);
-    else at.lse_batch_stride = l.stride(0), at.lse_head_stride = l.stride(1), at.lse_token_stride = l.stride(2);
-  }
-  at.num_heads = p.num_heads, at.num_heads_k = p.num_heads_k, at.group = p.group;
-  at.headdim = p.headdim, at.headdim_v = p.headdim_v;
-  at.softmax_scale = p.softmax_scale, at.softcap = p.softcap;
-  at.window_left = p.window_left, at.window_right = p.window_right;
-  at.attention_chunk = p.attention_chunk;
-  if (a.sinks) {
-    if (a.sinks->dtype == DType::f32) at.sinks_f32 = a.sinks->ptr<const float>();
-    else at.sinks_bf16 = a.sinks->ptr<const uint16_t>();
-    at.sinks_stride = a.sinks->stride(0);
-  }
-  at.num_splits = plan.num_splits;
-  at.split_block_n = plan.block_n > 0 ? plan.block_n : 64;
-
-  CombineParams cp;
-  if (plan.num_splits > 1) {
-    const int64_t h = p.num_heads, dv = p.headdim_v, rows_per_batch = p.varlen_q ? p.total_q : p.seqlen_q;
-    // Partials in FA3's shapes: (splits, b, h, s, dv) | (splits, h, total, dv), caller's or ours.
-    // The caller's hold every split of every element, as FA3's do (unused splits: LSE -inf);
-    // ours only the splits the lengths need: the grid launches those alone, an element with one
-    // split writes out itself, and the combine skips it.
-    const bool caller_partials = outputs.out_accum && outputs.softmax_lse_accum;
-    at.single_split_writes_out = !caller_partials;
-    if (caller_partials) {
-      const TensorView& o = *outputs.out_accum;
-      const TensorView& l = *outputs.softmax_lse_accum;
-      at.out_partial = o.ptr<float>(), at.lse_partial = l.ptr<float>();
-      at.op_split_stride = o.stride(0), at.lp_split_stride = l.stride(0);
-      if (p.varlen_q) {
-        at.op_head_stride = o.stride(1), at.op_token_stride = o.stride(2);
-        at.lp_head_stride = l.stride(1), at.lp_token_stride = l.stride(2);
-      } else {
-        at.op_batch_stride = o.stride(1), at.op_head_stride = o.stride(2), at.op_token_stride = o.stride(3);
-        at.lp_batch_stride = l.stride(1), at.lp_head_stride = l.stride(2), at.lp_token_stride = l.stride(3);
-      }
-    } else {
-      at.out_partial = reinterpret_cast<float*>(ws + layout.out_partial);
-      at.lse_partial = reinterpret_cast<float*>(ws + layout.lse_partial);
-      at.op_token_stride = dv, at.op_head_stride = rows_per_batch * dv;
-      at.op_batch_stride = p.varlen_q ? 0 : h * rows_per_batch * dv;
-      at.op_split_stride = int64_t(p.varlen_q ? 1 : p.batch) * h * rows_per_batch * dv;
-      at.lp_token_stride = 1, at.lp_head_stride = rows_per_batch;
-      at.lp_batch_stride = p.varlen_q ? 0 : h * rows_per_batch;
-      at.lp_split_stride = int64_t(p.varlen_q ? 1 : p.batch) * h * rows_per_batch;
-    }
-    at.rule.block_m = plan.block_m > 0 ? plan.block_m : 64;
-    at.rule.block_n = at.split_block_n;
-    at.rule.group = plan.pack_gqa ? p.group : 1;
-    at.rule.heads = core::scheduled_heads(plan);
-    at.rule.num_sms = core::usable_sms(plan.key);
-    if (a.scheduler_metadata) {  // FA3's layout starts with the per-batch splits (read clamped)
-      at.splits_per_batch = a.scheduler_metadata->ptr<const int32_t>();
-    } else if (p.batch == 1) {
-      at.splits_alone = true;  // no prepare kernel: the kernels compute the one sequence's splits
-    } else {
-      PrepareParams pp;
-      pp.len = len;
-      pp.num_splits = plan.num_splits;
-      pp.rule = at.rule;
-      pp.splits_out = reinterpret_cast<int32_t*>(ws + layout.splits);
-      // Split columns only where they launch fewer CTAs than batch x num_splits; elsewhere the
-      // CTAs skip reading their column first.
-      if (!caller_partials && layout.work_columns < int64_t(p.batch) * plan.num_splits) {
-        pp.work_out = reinterpret_cast<SplitWork*>(ws + layout.work);
-        pp.num_work = layout.work_columns;
-      }
-      launch_prepare(pp, stream);
-      at.splits_per_batch = pp.splits_out;
-      at.split_work = pp.work_out, at.num_split_work = pp.num_work;
-    }
-    // The combine reads partials as rows (batch, token, head) -> out / LSE.
-    cp.out_partial = at.out_partial, cp.lse_partial = at.lse_partial;
-    cp.op_split = at.op_split_stride, cp.lp_split = at.lp_split_stride;
-    cp.op_a = at.op_batch_stride, cp.op_b = at.op_token_stride, cp.op_c = at.op_head_stride;
-    cp.lp_a = at.lp_batch_stride, cp.lp_b = at.lp_token_stride, cp.lp_c = at.lp_head_stride;
-    cp.out = at.out.data;
-    cp.o_a = at.out.batch_stride, cp.o_b = at.out.token_stride, cp.o_c = at.out.head_stride;
-    cp.lse = at.lse;
-    cp.l_a = at.lse_batch_stride, cp.l_b = at.lse_token_stride, cp.l_c = at.lse_head_stride;
-    // Ours are combined per (element, query index, head), skipping one-split elements.
-    const bool by_sequence = at.single_split_writes_out;
-    cp.dim_a = p.varlen_q && !by_sequence ? 1 : p.batch;
-    cp.dim_b = by_sequence ? p.seqlen_q : int(rows_per_batch);
-    cp.dim_c = p.num_heads;
-    cp.num_splits = plan.num_splits;
-    cp.headdim_v = p.headdim_v;
-    if (by_sequence) {
-      cp.splits_per_batch = at.splits_per_batch, cp.splits_alone = at.splits_alone;
-      cp.rule = at.rule, cp.len = len;
-    }
-  }
-
-  const bool overlap = has_programmatic_launch(p.device.id);  // launch.cuh
-  if (sm90::prefill_takes(p, plan)) {
-    launch_prefill_sm90<Elem>(at, p.headdim, p.group, stream);
-  } else {
-    launch_attention_for<Elem>(at, p.headdim, p.headdim_v, overlap, stream);
-  }
-  if (plan.num_splits > 1) {
-    launch_combine(cp, std::is_same_v<Elem, __half> ? ElemType::f16 : ElemType::bf16, overlap, stream);
-  }
+void run_typed(const core::Problem& p, const Plan& plan, const CallParams& call, cudaStream_t stream) {
+  const AttentionLauncher launch_attention = attention_launcher(plan, p.dtype);
+  check_launchable(call, plan);
+  if (call.append) launch_append_kv<Elem>(call.append_params, call.append_rows, stream);
+  if (call.rotate_q) launch_rotate_q<Elem>(call.rotate_q_params, stream);
+  if (call.prepare) launch_prepare(call.prepare_params, stream);
+  const bool overlap = has_programmatic_launch(p.device.id);  // common/launch.cuh
+  launch_attention(call.attention, plan.kernel.shape, overlap, stream);
+  if (call.combine) launch_combine(call.combine_params, call.out_type, overlap, stream);
   check_cuda(cudaGetLastError(), "kernel launch");
 }
 
@@ -376,8 +111,9 @@ class CudaBackend final : public core::Backend {
     const bool own = ws == nullptr && layout.total > 0;
     if (own) check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&ws), layout.total, stream), "cudaMallocAsync");
     try {
-      if (p.dtype == DType::f16) run_typed<__half>(p, plan, outputs, ws, layout, stream);
-      else run_typed<__nv_bfloat16>(p, plan, outputs, ws, layout, stream);
+      const CallParams call = call_params(p, plan, outputs, ws);
+      if (p.dtype == DType::f16) run_typed<__half>(p, plan, call, stream);
+      else run_typed<__nv_bfloat16>(p, plan, call, stream);
     } catch (...) {
       if (own) cudaFreeAsync(ws, stream);
       throw;
@@ -388,25 +124,8 @@ class CudaBackend final : public core::Backend {
   // FA3's flash_attn_combine: (splits, b, s, h, d) | (splits, total, h, d) partials.
   void combine(const TensorView& out_partial, const TensorView& lse_partial, const TensorView& out,
                const OptTensor& lse, const RunOptions& options) override {
-    const bool batched = out_partial.rank == 5;
-    const int o = batched ? 1 : 0;  // first row dim after the split dim
-    CombineParams cp;
-    cp.out_partial = out_partial.ptr<const float>(), cp.lse_partial = lse_partial.ptr<const float>();
-    cp.op_split = out_partial.stride(0), cp.lp_split = lse_partial.stride(0);
-    cp.op_a = batched ? out_partial.stride(1) : 0, cp.op_b = out_partial.stride(1 + o), cp.op_c = out_partial.stride(2 + o);
-    cp.lp_a = batched ? lse_partial.stride(1) : 0, cp.lp_b = lse_partial.stride(1 + o), cp.lp_c = lse_partial.stride(2 + o);
-    cp.out = out.data;
-    cp.o_a = batched ? out.stride(0) : 0, cp.o_b = out.stride(o), cp.o_c = out.stride(1 + o);
-    if (lse) {
-      cp.lse = lse->ptr<float>();
-      cp.l_a = batched ? lse->stride(0) : 0, cp.l_b = lse->stride(o), cp.l_c = lse->stride(1 + o);
-    }
-    cp.dim_a = batched ? int(out_partial.size(1)) : 1;
-    cp.dim_b = int(out_partial.size(1 + o));
-    cp.dim_c = int(out_partial.size(2 + o));
-    cp.num_splits = int(out_partial.size(0));
-    cp.headdim_v = int(out_partial.size(-1));
-    if (cp.headdim_v > 256) unsupported("out_partial", "combine of head dims above 256 is");
+    const CombineParams cp = combine_params(out_partial, lse_partial, out, lse);
+    check_combine(cp);
     const ElemType type = out.dtype == DType::f16 ? ElemType::f16 : out.dtype == DType::bf16 ? ElemType::bf16 : ElemType::f32;
     check_cuda(cudaSetDevice(out.device.id), "cudaSetDevice");
     launch_combine(cp, type, false, static_cast<cudaStream_t>(options.stream));
@@ -424,8 +143,7 @@ Backend* cuda_backend() {
   return &backend;
 }
 
-// The planner plans for the kernels that will run: the portable mma.sync kernels use the sm80
-// tile table (core/tile_size.h) on every GPU until Hopper kernels land, so arch is capped at 80.
+// The device's real arch: the family rule (core/kernel_family.h) picks the kernels for it.
 DeviceInfo cuda_device_info(int device_id) {
   int sms = 0, major = 0, minor = 0;
   cuda::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_id), "cudaDeviceGetAttribute");
@@ -433,8 +151,7 @@ DeviceInfo cuda_device_info(int device_id) {
   cuda::check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_id), "cudaDeviceGetAttribute");
   DeviceInfo info;
   info.num_sms = sms;
-  const int arch = major * 10 + minor;
-  info.arch = arch > 80 ? 80 : arch;
+  info.arch = major * 10 + minor;
   return info;
 }
 

@@ -310,7 +310,7 @@ void attend_shard(const ShardArgs& shard, const TensorView& out_partial,
     cache_rows[size_t(b)] = a.cache_batch_idx ? a.cache_batch_idx->ptr<const int32_t>()[b * a.cache_batch_idx->strides[0]] : b;
     check_lengths(shard, cache, b, seqlen_new);
   }
-  // Causal is the window (-1, 0) in the contract (spec 5.4); the shifted windows are built from it.
+  // Causal is the window (-1, 0) in the contract (contract 5.4); the shifted windows are built from it.
   const int window_right = a.causal ? 0 : a.window_right;
   std::vector<std::vector<LocalRange>> ranges;
   for (int64_t b = 0; b < batch; ++b) {

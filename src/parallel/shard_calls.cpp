@@ -129,7 +129,7 @@ std::vector<ShardCall> calls_for_rows(const std::vector<LocalRange>& ranges) {
 }
 
 LocalRange call_range(const ShardCall& call, int t) {
-  // The contract's bottom-right rule (spec 5.4) on the call's own keys [leftpad, seqlen).
+  // The contract's bottom-right rule (contract 5.4) on the call's own keys [leftpad, seqlen).
   const int64_t keys = call.seqlen - call.leftpad;
   const int64_t diag = t + keys - call.rows;
   int64_t lo = 0, hi = keys;

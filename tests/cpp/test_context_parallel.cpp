@@ -321,7 +321,7 @@ TEST(ContextParallel, CallsReproduceEveryRowsRange) {
     for (int t = 0; t < call.rows; ++t) {
       const int i = call.row0 + t;
       ++covered[size_t(i)];
-      // The call's own mask, bottom-right aligned, as the contract defines it (spec 5.4).
+      // The call's own mask, bottom-right aligned, as docs/contract.md defines it (5.4).
       const int64_t diag = t + keys - call.rows;
       int64_t lo = 0, hi = keys;
       if (call.window_left >= 0) lo = std::max<int64_t>(lo, diag - call.window_left);

@@ -1,5 +1,5 @@
 // CPU backend, step 1: new K/V rows land in the cache exactly (dense, batch-remapped, paged with a
-// shuffled page table), rotary rotates keys the way spec 5.2 says, and nothing else is written.
+// shuffled page table), rotary rotates keys the way contract 5.2 says, and nothing else is written.
 #include <gtest/gtest.h>
 
 #include <algorithm>

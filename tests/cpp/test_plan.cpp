@@ -1,4 +1,4 @@
-// The planner: tile table, FA3's heuristics (expected values computed by hand from spec 6),
+// The planner: tile table, FA3's heuristics (expected values computed by hand from contract 6),
 // the FA3 int32 layout round trip, and the checks that reject a Plan made for another problem.
 #include <gtest/gtest.h>
 
@@ -24,9 +24,14 @@ static_assert(tile_size_sm90({128, 128}).block_n == 176);
 static_assert(tile_size_sm90({128, 128, 2, /*causal=*/true}).block_n == 128);
 static_assert(tile_size_sm90({64, 512}).block_m == 64);
 static_assert(tile_size_sm90({256, 256, /*elem_bytes=*/1}).block_n == 128);
-static_assert(tile_size(80, {128, 128}).block_m == 128 && tile_size(80, {128, 128}).block_n == 64);
-static_assert(tile_size(0, {64, 64}).block_n == 128);
-static_assert(tile_size(0, {256, 256}).block_m == 64);
+static_assert(family_tile(KernelFamily::sm80, {128, 128}).block_m == 128 &&
+              family_tile(KernelFamily::sm80, {128, 128}).block_n == 64);
+static_assert(family_tile(KernelFamily::cpu, {64, 64}).block_n == 128);
+static_assert(family_tile(KernelFamily::cpu, {256, 256}).block_m == 64);
+// The sm90 family's tile is its kernels' (128 x 128, 64 keys at d 256), not FA3's table.
+static_assert(family_tile(KernelFamily::sm90, {128, 128}).block_m == 128 &&
+              family_tile(KernelFamily::sm90, {128, 128}).block_n == 128);
+static_assert(family_tile(KernelFamily::sm90, {256, 256}).block_n == 64);
 
 // A decode-shaped key: 32 query heads over 8 KV heads, d = 128, bf16, one query row.
 PlanKey decode_key(int batch, int max_seqlen_k, int arch = 90, int num_sms = 132) {
@@ -44,6 +49,14 @@ PlanKey decode_key(int batch, int max_seqlen_k, int arch = 90, int num_sms = 132
 
 Plan plan_for(const PlanKey& key, const std::vector<SeqLengths>& lengths) {
   Plan plan = static_plan(key);
+  plan_batches(plan, lengths);
+  return plan;
+}
+
+// Hopper plans: the sm90 family (FA3's split rule at the family's own tile), which the rule picks
+// on sm_90 for the calls its kernels take (decode shapes stay on sm80).
+Plan hopper_plan_for(const PlanKey& key, const std::vector<SeqLengths>& lengths) {
+  Plan plan = static_plan(key, KernelFamily::sm90);
   plan_batches(plan, lengths);
   return plan;
 }
@@ -82,24 +95,24 @@ TEST(PlanHeuristics, SplitsFillTheSmsByWaveEfficiency) {
 }
 
 TEST(PlanHeuristics, LongContextDecodeSplitsOnHopper) {
-  // d = 128, non-causal, not paged: tile (128, 176); 8192 keys = 47 blocks; the upper bound
-  // assumes one sequence: 8 KV heads x 1 M tile = 8 tiles -> 15 (see above).
-  const Plan one = plan_for(decode_key(1, 8192), same_lengths(1, 1, 8192));
+  // d = 128: tile (128, 128); 8192 keys = 64 blocks; the upper bound assumes one sequence:
+  // 8 KV heads x 1 M tile = 8 tiles -> 15 (120 / 132 of a wave, see above).
+  const Plan one = hopper_plan_for(decode_key(1, 8192), same_lengths(1, 1, 8192));
   EXPECT_EQ(one.block_m, 128);
-  EXPECT_EQ(one.block_n, 176);
+  EXPECT_EQ(one.block_n, 128);
   EXPECT_EQ(one.num_splits, 15);
   EXPECT_TRUE(one.pack_gqa);  // forced by the split
-  // Dynamic: 47 blocks x 1.1 x 8 heads / 132 SMs -> 4 blocks per SM -> ceil(47 / 4) = 12.
-  EXPECT_EQ(one.num_splits_dynamic, std::vector<int32_t>{12});
+  // Dynamic: 64 blocks x 1.1 x 8 heads / 132 SMs -> 5 blocks per SM -> ceil(64 / 5) = 13.
+  EXPECT_EQ(one.num_splits_dynamic, std::vector<int32_t>{13});
   EXPECT_EQ(one.num_m_blocks, std::vector<int32_t>{1});
 
   // 64 such sequences: 3008 blocks -> 201 per SM -> one split each (15 stays the upper bound).
-  const Plan many = plan_for(decode_key(64, 8192), same_lengths(64, 1, 8192));
+  const Plan many = hopper_plan_for(decode_key(64, 8192), same_lengths(64, 1, 8192));
   EXPECT_EQ(many.num_splits, 15);
   EXPECT_EQ(many.num_splits_dynamic, std::vector<int32_t>(64, 1));
 
   // Above 992 sequences the bound counts the whole batch (8000 tiles): no split at all.
-  const Plan huge = static_plan(decode_key(1000, 8192));
+  const Plan huge = static_plan(decode_key(1000, 8192), KernelFamily::sm90);
   EXPECT_EQ(huge.num_splits, 1);
   EXPECT_TRUE(huge.has_semaphore);  // sm90's scheduler always has one
 }
@@ -130,7 +143,7 @@ TEST(PlanHeuristics, PortableCudaSplitsCountCtaSlots) {
   capped.num_splits = 8;
   EXPECT_EQ(plan_for(capped, same_lengths(1, 1, 8192)).num_splits_dynamic, std::vector<int32_t>{8});
   // Hopper plans and the CPU keep FA3's rule.
-  EXPECT_EQ(static_plan(decode_key(1, 8192, 90)).num_splits, 15);
+  EXPECT_EQ(static_plan(decode_key(1, 8192, 90), KernelFamily::sm90).num_splits, 15);
   EXPECT_EQ(static_plan(decode_key(1, 8192, 0, 64)).num_splits, 7);
 }
 
@@ -208,16 +221,17 @@ TEST(PlanHeuristics, PackGqa) {
   PlanKey key = decode_key(1, 1024, 90);
   key.num_splits = 1;
   const MaskShape mask = normalise_mask(key);
-  const TileSize tile = tile_size(90, tile_inputs(key, mask, false));
-  EXPECT_TRUE(get_pack_gqa(key, tile, false, 1));
+  const KernelFamily sm90 = KernelFamily::sm90;
+  const TileSize tile = family_tile(sm90, tile_inputs(key, mask, false));
+  EXPECT_TRUE(get_pack_gqa(key, sm90, tile, false, 1));
   key.pack_gqa = 0;  // a request is honoured where nothing forces packing
-  EXPECT_FALSE(get_pack_gqa(key, tile, false, 1));
-  EXPECT_TRUE(get_pack_gqa(key, tile, false, 2));  // splits force it
-  key.arch = 80;
-  EXPECT_TRUE(get_pack_gqa(key, tile, false, 1));  // sm8x kernels are packed
+  EXPECT_FALSE(get_pack_gqa(key, sm90, tile, false, 1));
+  EXPECT_TRUE(get_pack_gqa(key, sm90, tile, false, 2));  // splits force it
+  EXPECT_TRUE(get_pack_gqa(key, KernelFamily::sm80, tile, false, 1));  // sm8x kernels are packed
+  EXPECT_TRUE(get_pack_gqa(key, family_of(key), tile, false, 1));      // the H200's family today
   key = decode_key(1, 1024, 90);
   key.num_heads_k = 32;
-  EXPECT_FALSE(get_pack_gqa(key, tile, false, 1));  // nothing to pack
+  EXPECT_FALSE(get_pack_gqa(key, sm90, tile, false, 1));  // nothing to pack
 }
 
 TEST(PlanHeuristics, WindowNormalisation) {
@@ -256,21 +270,22 @@ TEST(PlanHeuristics, PagedTma) {
   key.max_seqlen_q = 64;  // 64 x 4 packed rows > block_m 128
   key.causal = true;      // tile (128, 128)
   key.page_size = 256;
-  EXPECT_TRUE(use_pagedkv_tma(key, normalise_mask(key)));
+  EXPECT_TRUE(use_pagedkv_tma(key, KernelFamily::sm90, normalise_mask(key)));
   key.page_size = 64;  // not a multiple of block_n
-  EXPECT_FALSE(use_pagedkv_tma(key, normalise_mask(key)));
+  EXPECT_FALSE(use_pagedkv_tma(key, KernelFamily::sm90, normalise_mask(key)));
   key.page_size = 256;
   key.has_leftpad = true;
-  EXPECT_FALSE(use_pagedkv_tma(key, normalise_mask(key)));
+  EXPECT_FALSE(use_pagedkv_tma(key, KernelFamily::sm90, normalise_mask(key)));
   key.has_leftpad = false;
   key.max_seqlen_k_new = 1;
-  EXPECT_FALSE(use_pagedkv_tma(key, normalise_mask(key)));
+  EXPECT_FALSE(use_pagedkv_tma(key, KernelFamily::sm90, normalise_mask(key)));
   key.max_seqlen_k_new = 0;
   key.max_seqlen_q = 16;  // 64 packed rows: too short for TMA
-  EXPECT_FALSE(use_pagedkv_tma(key, normalise_mask(key)));
+  EXPECT_FALSE(use_pagedkv_tma(key, KernelFamily::sm90, normalise_mask(key)));
   key.max_seqlen_q = 64;
-  key.arch = 80;
-  EXPECT_FALSE(use_pagedkv_tma(key, normalise_mask(key)));
+  EXPECT_TRUE(use_pagedkv_tma(key, KernelFamily::sm90, normalise_mask(key)));
+  EXPECT_FALSE(use_pagedkv_tma(key, KernelFamily::sm80, normalise_mask(key)));
+  EXPECT_FALSE(use_pagedkv_tma(key, family_of(key), normalise_mask(key)));  // arch 90 runs sm80
 }
 
 TEST(PlanHeuristics, BatchOrderAndHeadsInL2) {
@@ -279,7 +294,7 @@ TEST(PlanHeuristics, BatchOrderAndHeadsInL2) {
   key.causal = true;
   key.num_splits = 1;
   // Causal: ordered by n * block_n - m * block_m, longest first, ties in batch order.
-  const Plan plan = plan_for(key, {{128, 1000}, {128, 4000}, {128, 1000}});
+  const Plan plan = hopper_plan_for(key, {{128, 1000}, {128, 4000}, {128, 1000}});
   EXPECT_EQ(plan.batch_order, (std::vector<int32_t>{1, 0, 2}));
   ASSERT_EQ(plan.num_nheads_in_l2.size(), 3u);
   // 8 MB / (128 keys x 256 x 2 bytes) = 128 blocks; 8 blocks x 16 heads fits; 32 blocks x 4.
@@ -595,6 +610,10 @@ TEST(PlanCheck, RejectsEditedPlans) {
   Plan plan = good;
   plan.block_n = 32;
   expect_error([&] { check_plan(plan, p); }, {"scheduler_metadata", "block_n is 32"});
+  plan = good;
+  plan.kernel = {KernelFamily::sm80, KernelShape::prefill, 64, 64};  // a CPU plan runs no kernel
+  expect_error([&] { check_plan(plan, p); },
+               {"kernel is sm80 prefill 64x64, but this call's plan has cpu none 0x0"});
   plan = good;
   plan.num_splits = 8;  // out_accum would be sized for 4
   expect_error([&] { check_plan(plan, p); }, {"num_splits is 8"});

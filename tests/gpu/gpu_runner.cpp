@@ -28,8 +28,6 @@
 #include <string>
 #include <vector>
 
-#include "core/problem.h"
-#include "cuda/sm90/prefill.h"
 #include "kvflash/kvflash.h"
 #include "oracle/oracle.h"
 #include "oracle/random_case.h"
@@ -85,7 +83,7 @@ struct Tally {
 bool in_subset(const std::string& only, const KvCacheArgs& a, const KvCacheArgs& dev, int splits) {
   if (only.empty()) return true;
   if (only == "split") return splits > 1;
-  if (only == "sm90") return cuda::sm90::prefill_takes(core::resolve(dev), make_plan(dev));
+  if (only == "sm90") return make_plan(dev).kernel.family == KernelFamily::sm90;
   if (only == "prefill") {  // more than 16 packed query rows: the prefill tile shape
     const int64_t rows_per_seq = a.cu_seqlens_q ? a.max_seqlen_q.value_or(0) : a.q->size(1);
     return rows_per_seq * (a.q->size(-2) / a.k_cache->size(-2)) > 16;

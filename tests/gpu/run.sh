@@ -35,7 +35,7 @@ fi
 # Registers / spills / tensor-core instructions of the attention kernels (sm_90a cubins).
 # (At most 8 files come back from a device call: the GPU line heads resources.txt.)
 (nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
- for o in "$BUILD"/CMakeFiles/kvflash_lib.dir/src/cuda/attention_inst_bf16_hdim128.cu.o; do
+ for o in "$BUILD"/CMakeFiles/kvflash_cuda_sm80.dir/kvflash_inst/sm80_bf16_128x128.cu.o; do
    cuobjdump --dump-resource-usage "$o" | grep -E "Function|REG"
    echo "HMMA in sm_90 SASS: $(cuobjdump --dump-sass -arch sm_90a "$o" | grep -c HMMA)"
    echo "LDGSTS: $(cuobjdump --dump-sass -arch sm_90a "$o" | grep -c LDGSTS)"

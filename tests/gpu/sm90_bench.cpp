@@ -13,7 +13,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/params.h"
+#include "cuda/common/params.h"
 #include "cuda/sm90/prefill.h"
 #include "gpu/gpu_util.h"
 #include "kvflash/kvflash.h"

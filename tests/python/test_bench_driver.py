@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch")
 
 from kvflash.bench import __main__ as cli  # noqa: E402
 from kvflash.bench import cases as suites  # noqa: E402
-from kvflash.bench.peers import Kvflash, NotRun, Prepared, System  # noqa: E402
+from kvflash.bench.peers import Kvflash  # noqa: E402
+from kvflash.bench.system import NotRun, Prepared, System  # noqa: E402
 from kvflash.bench.peers_torch import Sdpa  # noqa: E402
 from kvflash.bench.report import Results, markdown, write_csv  # noqa: E402
 from kvflash.bench.runner import Suite  # noqa: E402

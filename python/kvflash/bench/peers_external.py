@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from .peers import NotRun, Prepared, System, describe
+from .system import NotRun, Prepared, System, describe
 
 WORKSPACE_BYTES = 256 << 20
 

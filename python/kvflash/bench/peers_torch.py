@@ -5,7 +5,7 @@ contiguous K/V, gathered from kvflash's pages outside the timed region."""
 import torch
 import torch.nn.functional as F
 
-from .peers import NotRun, Prepared, System, describe
+from .system import NotRun, Prepared, System, describe
 
 GATHERED = "K/V gathered from pages into contiguous (b,h,s,d) outside timing"
 HEAD_MAJOR = "q/K/V copied to (b,h,s,d) outside timing"

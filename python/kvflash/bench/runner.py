@@ -17,7 +17,7 @@ import time
 import torch
 
 from .data import Inputs
-from .peers import NotRun, describe
+from .system import NotRun, describe
 
 # Errors after which the CUDA context is unusable: the run stops and the rest is "not run".
 FATAL_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure", "illegal instruction",

@@ -1,23 +1,18 @@
-// The Hopper (sm_90a) prefill family's entry points (prefill_kernel.cuh). The kernels are built
-// only in full CUDA builds (cmake/cuda.cmake: kvflash_sm90, sm_90a, one file per dtype and head
-// dim); prefill_takes says no in a build without them.
+// The Hopper (sm_90a) prefill family's kernels (prefill_kernel.cuh) by rung, one explicit
+// instantiation file per (dtype, head dim): prefill_inst_*.cu. The dispatcher reaches them through
+// launch_sm90_attention (launch.h); the GPU runner times each rung (tests/gpu/sm90_bench.cpp).
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include "core/problem.h"
-#include "cuda/params.h"
-#include "kvflash/plan.h"
+#include "core/kernel_family.h"
+#include "cuda/common/params.h"
 
 namespace kvflash::cuda::sm90 {
 
-// Whether this call runs on the sm90 prefill family (else the portable sm80 kernels): an sm_90
-// device, bf16 / fp16, d == d_v in {64, 128, 256}, one split, at least 64 query rows, and a dense
-// cache or pages holding whole key blocks without leftpad.
-bool prefill_takes(const core::Problem& p, const Plan& plan);
-
-// Keys per block of head dim d (a paged cache needs page_size % this == 0).
-constexpr int prefill_block_n(int headdim) { return headdim <= 128 ? 128 : 64; }
+// Keys per block of head dim d: the family rule's (core/kernel_family.h), which sends a paged cache
+// here only with page_size % this == 0.
+constexpr int prefill_block_n(int headdim) { return core::sm90_block_n(headdim); }
 
 // The rungs of the ladder the family was built by (BENCHMARKS.md, session 4), kept for timing:
 // 1: one consumer warp group (64 rows); 2: two consumer groups (128 rows) with the producer's

@@ -1,5 +1,5 @@
-// One sm_90a prefill instantiation (fp16, head dim 128); see prefill_launch.cuh.
-#include "cuda/sm90/prefill_launch.cuh"
+// One sm_90a prefill instantiation (fp16, head dim 128); see prefill_rungs.cuh.
+#include "cuda/sm90/prefill_rungs.cuh"
 
 namespace kvflash::cuda::sm90 {
 template void launch_prefill_rung<__half, 128>(const AttentionParams&, int, int, cudaStream_t);

@@ -31,8 +31,8 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
-#include "cuda/cta_work.cuh"
-#include "cuda/params.h"
+#include "cuda/common/cta_work.cuh"
+#include "cuda/common/params.h"
 
 namespace kvflash::cuda::sm90 {
 

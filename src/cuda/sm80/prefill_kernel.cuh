@@ -18,10 +18,10 @@
 
 #include "core/mask.h"
 #include "core/tile_size.h"
-#include "cuda/cta_work.cuh"
-#include "cuda/lengths.cuh"
-#include "cuda/mma.cuh"
-#include "cuda/params.h"
+#include "cuda/common/cta_work.cuh"
+#include "cuda/common/lengths.cuh"
+#include "cuda/common/mma.cuh"
+#include "cuda/common/params.h"
 
 namespace kvflash::cuda {
 
@@ -443,15 +443,22 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
 // Prefill shape: the sm80 tile table (core/tile_size.h), which the planner reads too. Widest head
 // dim 96 or 128: 4 warps of 32 rows (two m16 tiles each, so every K / V fragment feeds two mma),
 // two CTAs per SM at up to 255 registers. Head dim 64 (128 x 128 tiles, wide score rows) and
-// above 128 (wide accumulators): one m16 tile per warp, whose registers fit without spilling.
-constexpr int prefill_m_tiles(int headdim, int headdim_v) {
+// above 128 (wide accumulators): one m16 tile per warp, whose registers fit without spilling,
+// and one CTA per SM as the register budget's aim.
+constexpr bool prefill_two_m_tiles(int headdim, int headdim_v) {
   const int widest = headdim > headdim_v ? headdim : headdim_v;
-  return widest > 64 && widest <= 128 ? 2 : 1;
+  return widest > 64 && widest <= 128;
+}
+constexpr int prefill_m_tiles(int headdim, int headdim_v) {
+  return prefill_two_m_tiles(headdim, headdim_v) ? 2 : 1;
+}
+constexpr int prefill_min_blocks(int headdim, int headdim_v) {
+  return prefill_two_m_tiles(headdim, headdim_v) ? 2 : 1;
 }
 template <class Elem, int kHeadDim, int kHeadDimV,
-          core::TileSize kTile = core::tile_size_sm80(core::TileInputs{kHeadDim, kHeadDimV}),
-          int kMTiles = prefill_m_tiles(kHeadDim, kHeadDimV)>
-using PrefillTraits = AttentionTraits<Elem, kHeadDim, kHeadDimV, kTile.block_m, kTile.block_n, kMTiles,
-                                      kMTiles>;
+          core::TileSize kTile = core::tile_size_sm80(core::TileInputs{kHeadDim, kHeadDimV})>
+using PrefillTraits = AttentionTraits<Elem, kHeadDim, kHeadDimV, kTile.block_m, kTile.block_n,
+                                      prefill_min_blocks(kHeadDim, kHeadDimV),
+                                      prefill_m_tiles(kHeadDim, kHeadDimV)>;
 
 }  // namespace kvflash::cuda

@@ -1,15 +1,16 @@
-// What one attention CTA works on, shared by the prefill kernel (attention_kernel.cuh) and the
-// decode kernel (decode_kernel.cuh): its (sequence, split) column of the grid, the keys its query
-// rows may need, and the coalesced store of its finished rows into out (or the split's partial).
+// What one attention CTA works on, shared by the prefill kernel (sm80/prefill_kernel.cuh) and the
+// decode kernel (sm80/decode_kernel.cuh): its (sequence, split) column of the grid, the keys its
+// query rows may need, and the coalesced store of its finished rows into out (or the split's
+// partial).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "core/mask.h"
-#include "cuda/lengths.cuh"
-#include "cuda/mma.cuh"
-#include "cuda/params.h"
-#include "cuda/split_rule.cuh"
+#include "cuda/common/lengths.cuh"
+#include "cuda/common/mma.cuh"
+#include "cuda/common/params.h"
+#include "cuda/common/split_rule.cuh"
 
 namespace kvflash::cuda {
 

@@ -1,11 +1,11 @@
-// One sequence's lengths (spec 5.1) derived on the device from LengthParams, with every value read
+// One sequence's lengths (contract 5.1) derived on the device from LengthParams, with every value read
 // from memory clamped into the range the tensors allow: a wrong length can make results wrong, never
 // an access out of bounds. Also the paged / dense address of a cache row.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include "cuda/params.h"
+#include "cuda/common/params.h"
 
 namespace kvflash::cuda {
 

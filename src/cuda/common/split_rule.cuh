@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "core/split_rule.h"
-#include "cuda/params.h"
+#include "cuda/common/params.h"
 
 namespace kvflash::cuda {
 

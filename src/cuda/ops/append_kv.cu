@@ -1,28 +1,20 @@
-// Appending new K/V rows into the cache (spec 5.2), with rotary on K, and rotating q into the
+// Appending new K/V rows into the cache (contract 5.2), with rotary on K, and rotating q into the
 // workspace. Positions come from the device lengths (lengths.cuh); a row whose position or page
 // is out of range is skipped, never written out of bounds.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "cuda/kernels.h"
-#include "cuda/lengths.cuh"
-#include "cuda/mma.cuh"
+#include "cuda/ops/kernels.h"
+#include "cuda/common/lengths.cuh"
+#include "cuda/common/mma.cuh"
 
 namespace kvflash::cuda {
 namespace {
 
-struct Rotary {
-  const void* cos;
-  const void* sin;
-  int64_t row_stride, col_stride;
-  int rows, dim;
-  bool interleaved;
-};
-
-// Channel c of a row at rotary position `pos` (spec 5.2): pairs (2p, 2p+1) when interleaved,
+// Channel c of a row at rotary position `pos` (contract 5.2): pairs (2p, 2p+1) when interleaved,
 // (p, p + dim/2) otherwise; channels >= dim pass through. fp32 math, rounded once.
 template <class Elem>
-__device__ __forceinline__ Elem rotate_channel(const Elem* row, int c, int pos, const Rotary& r) {
+__device__ __forceinline__ Elem rotate_channel(const Elem* row, int c, int pos, const RotaryParams& r) {
   const float x = to_float(row[c]);
   if (c >= r.dim || pos < 0 || pos >= r.rows) return row[c];
   const int half = r.dim / 2;
@@ -40,8 +32,7 @@ template <class Elem>
 __global__ void append_kv_kernel(const AppendParams p) {
   const int b = blockIdx.y;
   const SeqLens seq = seq_lens(p.len, b);
-  const Rotary rot{p.rotary_cos, p.rotary_sin, p.rotary_row_stride, p.rotary_col_stride,
-                   p.rotary_rows, p.rotary_cos ? p.rotary_dim : 0, p.rotary_interleaved};
+  const RotaryParams& rot = p.rotary;  // dim 0 without rotary
   const int64_t batch = p.len.cu_seqlens_k_new.data ? 0 : b;
   for (int t = blockIdx.x; t < seq.seqlen_knew; t += gridDim.x) {
     const int pos = seq.cache_seqlen + t;
@@ -69,8 +60,7 @@ template <class Elem>
 __global__ void rotate_q_kernel(const RotateQParams p) {
   const int b = blockIdx.y;
   const SeqLens seq = seq_lens(p.len, b);
-  const Rotary rot{p.rotary_cos, p.rotary_sin, p.rotary_row_stride, p.rotary_col_stride,
-                   p.rotary_rows, p.rotary_dim, p.rotary_interleaved};
+  const RotaryParams& rot = p.rotary;
   const int64_t batch = p.len.cu_seqlens_q.data ? 0 : b;
   for (int i = blockIdx.x; i < seq.seqlen_q; i += gridDim.x) {
     const int64_t token = seq.q_offset + i;

@@ -1,6 +1,7 @@
-// Plain-data parameter blocks the CUDA kernels take (host fills them from a resolved Problem in
-// backend.cu). Every length or index read from device memory is clamped or skipped on the device
-// (lengths.cuh), so no value, however wrong, makes a kernel touch memory outside its tensors.
+// Plain-data parameter blocks the CUDA kernels take (plain host C++ fills them from a resolved
+// Problem and its Plan: cuda/host/call_params.cpp). Every length or index read from device memory
+// is clamped or skipped on the device (lengths.cuh), so no value, however wrong, makes a kernel
+// touch memory outside its tensors.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +14,7 @@ struct IntVec {
   int64_t stride = 1;
 };
 
-// Everything needed to derive one sequence's lengths (spec 5.1) on the device.
+// Everything needed to derive one sequence's lengths (contract 5.1) on the device.
 struct LengthParams {
   int batch = 0;
   int seqlen_q = 0;        // static s_q (dense) / max_seqlen_q (varlen)
@@ -106,18 +107,24 @@ struct AttentionParams {
   int split_block_n = 64;                 // plan.block_n: split boundaries (core::split_keys)
 };
 
-// Appending new K/V (with rotary) into the cache, and rotating q into the workspace.
+// Rotary embedding tables (docs/contract.md section 5.2): cos / sin (rows, dim / 2) of the
+// cache's dtype; channels at or past dim pass through (dim 0: no rotary).
+struct RotaryParams {
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  int64_t row_stride = 0, col_stride = 1;
+  int rows = 0;
+  int dim = 0;
+  bool interleaved = true;
+};
+
+// Appending new K/V (with rotary on K) into the cache, and rotating q into the workspace.
 struct AppendParams {
   LengthParams len;
   CacheParams cache;
   RowLayout k_new, v_new;  // token index: absolute row of packed k, or position in dense k
   int num_heads_k = 0, headdim = 0, headdim_v = 0;
-  const void* rotary_cos = nullptr;
-  const void* rotary_sin = nullptr;
-  int64_t rotary_row_stride = 0, rotary_col_stride = 1;
-  int rotary_rows = 0;
-  int rotary_dim = 0;
-  bool rotary_interleaved = true;
+  RotaryParams rotary;
 };
 
 struct RotateQParams {
@@ -125,12 +132,7 @@ struct RotateQParams {
   RowLayout q;        // source
   RowLayout q_rot;    // destination (workspace, dense (total, h, d) or (b, s_q, h, d))
   int num_heads = 0, headdim = 0;
-  const void* rotary_cos = nullptr;
-  const void* rotary_sin = nullptr;
-  int64_t rotary_row_stride = 0, rotary_col_stride = 1;
-  int rotary_rows = 0;
-  int rotary_dim = 0;
-  bool rotary_interleaved = true;
+  RotaryParams rotary;
   bool per_row = false;  // causal / local: row i at start + i
 };
 
@@ -157,5 +159,31 @@ struct CombineParams {
 };
 
 enum class ElemType { f16, bf16, f32 };
+
+// The prepare kernel: per-batch split counts on the device (kvflash's portable rule,
+// core/split_rule.h) and the split columns of the attention grid.
+struct PrepareParams {
+  LengthParams len;
+  int num_splits = 1;     // static upper bound
+  SplitRule rule;
+  int32_t* splits_out = nullptr;  // (batch,)
+  SplitWork* work_out = nullptr;  // (num_work,): every split of every element, then unused;
+  int num_work = 0;               // core::portable_split_columns (nullptr / 0: none wanted)
+};
+
+}  // namespace kvflash::cuda
+
+namespace kvflash::cuda {
+
+// The attention grid of every family: one CTA per rows_per_cta packed query rows x KV head x
+// (sequence, split) column. The launchers and the host's pre-launch check (cuda/host) both use it.
+struct AttentionGrid {
+  int64_t x = 0, y = 0, z = 0;
+};
+inline AttentionGrid attention_grid(const AttentionParams& p, int rows_per_cta) {
+  const int64_t packed_max = int64_t(p.len.seqlen_q) * p.group;
+  const int64_t columns = p.split_work ? p.num_split_work : int64_t(p.len.batch) * p.num_splits;
+  return AttentionGrid{(packed_max + rows_per_cta - 1) / rows_per_cta, p.num_heads_k, columns};
+}
 
 }  // namespace kvflash::cuda

@@ -1,4 +1,4 @@
-// The tile of each head dim and rung; included by the instantiation files only.
+// The tile of each head dim and rung; included by the instantiation files (prefill_inst_*.cu) only.
 #pragma once
 
 #include "cuda/sm90/prefill.h"

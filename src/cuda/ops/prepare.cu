@@ -6,14 +6,14 @@
 // One CTA, one sequence per thread (as many threads as sequences, rounded to warps): splits are
 // computed per sequence only for batches up to 992.
 #include "core/split_rule.h"
-#include "cuda/kernels.h"
-#include "cuda/lengths.cuh"
-#include "cuda/split_rule.cuh"
+#include "cuda/ops/kernels.h"
+#include "cuda/common/lengths.cuh"
+#include "cuda/common/split_rule.cuh"
 
 namespace kvflash::cuda {
 namespace {
 
-constexpr int kMaxDynamicSplitBatch = 992;  // core::kMaxDynamicSplitBatch
+using core::kMaxDynamicSplitBatch;
 constexpr int kMaxThreads = 1024;
 constexpr int kMaxWarps = kMaxThreads / 32;
 static_assert(kMaxDynamicSplitBatch <= kMaxThreads, "one sequence per thread");

@@ -21,10 +21,10 @@
 #include <type_traits>
 
 #include "core/mask.h"
-#include "cuda/cta_work.cuh"
-#include "cuda/lengths.cuh"
-#include "cuda/mma.cuh"
-#include "cuda/params.h"
+#include "cuda/common/cta_work.cuh"
+#include "cuda/common/lengths.cuh"
+#include "cuda/common/mma.cuh"
+#include "cuda/common/params.h"
 
 namespace kvflash::cuda {
 

@@ -10,19 +10,20 @@
 
 #include <cmath>
 
-#include "cuda/kernels.h"
-#include "cuda/launch.cuh"
-#include "cuda/lengths.cuh"
-#include "cuda/mma.cuh"
-#include "cuda/split_rule.cuh"
+#include "core/limits.h"
+#include "cuda/ops/kernels.h"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/lengths.cuh"
+#include "cuda/common/mma.cuh"
+#include "cuda/common/split_rule.cuh"
 
 namespace kvflash::cuda {
 namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kMaxSplits = 256;      // core::kMaxSplits
-constexpr int kMaxHeadDimV = 256;
+using core::kMaxSplits;
+constexpr int kMaxHeadDimV = core::kCudaMaxHeadDim;
 constexpr int kLaneChannels = kMaxHeadDimV / 32;
 constexpr int kBatch = 8;  // partial rows per warp per round
 

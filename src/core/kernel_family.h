@@ -1,0 +1,98 @@
+// The family rule: which kernel family, kernel shape, instantiation and tile run a call, from the
+// values a PlanKey holds (real arch, dtype, head dims, shape). The planner records its answer in
+// the Plan (Plan::kernel, block_m, block_n) and plans splits the family's way; the CUDA
+// dispatcher launches exactly the Plan's kernel from the instantiation table
+// (src/cuda/instantiations.def). Host and device, constexpr.
+//
+// Adding a family: one row in kernel_family() (and in family_tile() if it has its own tile
+// table), its rows in the instantiation table, and its folder src/cuda/<family>/.
+#pragma once
+
+#include "core/limits.h"
+#include "core/tile_size.h"
+#include "kvflash/kernel_family.h"
+
+namespace kvflash::core {
+
+// What the rule reads (a PlanKey's fields; see family_inputs() in the planner).
+struct FamilyInputs {
+  int arch = 0;             // 0: CPU, else compute capability * 10 as the device reports it
+  bool sixteen_bit = true;  // fp16 / bf16 inputs
+  int headdim = 0;
+  int headdim_v = 0;
+  int64_t packed_rows = 0;  // max_seqlen_q x query heads per KV head (the kernels pack GQA)
+  // What the sm90 family also needs (it runs one query head per CTA row space, one split):
+  int max_seqlen_q = 0;
+  int page_size = 0;        // 0: dense cache
+  bool has_leftpad = false;
+  bool one_split = false;   // at most one split asked for, and FA3's rule plans one (heuristics.cpp)
+};
+
+// Keys per block of the sm90 family's kernels at head dim d (src/cuda/sm90/prefill_kernel.cuh);
+// 128 query rows per CTA.
+KVFLASH_HD constexpr int sm90_block_n(int headdim) { return headdim <= 128 ? 128 : 64; }
+
+// The calls the sm90 family's kernels take: fp16 / bf16, d == d_v in {64, 128, 256}, at least 64
+// query rows (shorter ones are the sm80 decode / prefill kernels' work), one split, a dense cache
+// or pages of whole key blocks without leftpad (each block one TMA copy).
+KVFLASH_HD constexpr bool sm90_takes(const FamilyInputs& in) {
+  const int d = in.headdim;
+  return in.sixteen_bit && d == in.headdim_v && (d == 64 || d == 128 || d == 256) && in.max_seqlen_q >= 64 &&
+         in.one_split && (in.page_size == 0 || (in.page_size % sm90_block_n(d) == 0 && !in.has_leftpad));
+}
+
+// Rows, first match wins: the Hopper family on sm_90 (its kernels are sm_90a code) for the calls
+// it takes, the portable sm80 kernels on every other GPU and call.
+KVFLASH_HD constexpr KernelFamily kernel_family(const FamilyInputs& in) {
+  if (in.arch == 0) return KernelFamily::cpu;
+  if (in.arch == 90 && sm90_takes(in)) return KernelFamily::sm90;
+  return KernelFamily::sm80;
+}
+
+// The family's tile (core/tile_size.h's sm80 table; the sm90 kernels' compiled 128 x
+// sm90_block_n, whatever the mask).
+KVFLASH_HD constexpr TileSize family_tile(KernelFamily family, const TileInputs& in) {
+  if (family == KernelFamily::sm90) {
+    const int d = round_up_headdim(in.headdim), dv = round_up_headdim_v(in.headdim_v);
+    return {128, sm90_block_n(d > dv ? d : dv)};
+  }
+  return tile_size_sm80(in);
+}
+
+// Head dims of the instantiation that runs (d, d_v): (192, 128) for its own shape, else the
+// wider rounded dim for both (core/tile_size.h round_up_headdim).
+struct InstanceDims {
+  int headdim = 0;
+  int headdim_v = 0;
+};
+KVFLASH_HD constexpr InstanceDims instance_dims(int headdim, int headdim_v) {
+  const int d = round_up_headdim(headdim), dv = round_up_headdim(headdim_v);
+  if (d == 192 && dv <= 128) return {192, 128};
+  const int widest = d > dv ? d : dv;
+  return {widest, widest};
+}
+
+// The sm80 family's kernel: the decode kernel up to 16 packed query rows per KV head, with both
+// 8-row tiles in one CTA (K and V read once) where their registers fit (widest head dim <= 128),
+// else one CTA per 8 rows; the prefill kernel beyond.
+KVFLASH_HD constexpr KernelShape sm80_shape(int64_t packed_rows, const InstanceDims& dims) {
+  const int widest = dims.headdim > dims.headdim_v ? dims.headdim : dims.headdim_v;
+  if (packed_rows <= 8) return KernelShape::decode_8;
+  if (packed_rows <= 16) return widest <= 128 ? KernelShape::decode_16 : KernelShape::decode_8;
+  return KernelShape::prefill;
+}
+
+// The kernel of `family` for a call (the planner asks for the rule's family; tests for others).
+KVFLASH_HD constexpr KernelChoice family_kernel(KernelFamily family, const FamilyInputs& in) {
+  if (family == KernelFamily::cpu) return KernelChoice{};
+  const InstanceDims dims = instance_dims(in.headdim, in.headdim_v);
+  const KernelShape shape = family == KernelFamily::sm80 ? sm80_shape(in.packed_rows, dims)
+                                                         : KernelShape::prefill;
+  return KernelChoice{family, shape, dims.headdim, dims.headdim_v};
+}
+
+KVFLASH_HD constexpr KernelChoice choose_kernel(const FamilyInputs& in) {
+  return family_kernel(kernel_family(in), in);
+}
+
+}  // namespace kvflash::core

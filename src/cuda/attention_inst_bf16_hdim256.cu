@@ -1,6 +1,0 @@
-// One attention instantiation (bf16, head dims 256 / 256); see attention_launch.cuh.
-#include "cuda/attention_launch.cuh"
-
-namespace kvflash::cuda {
-template void launch_attention<__nv_bfloat16, 256, 256>(const AttentionParams&, bool, cudaStream_t);
-}  // namespace kvflash::cuda

@@ -1,6 +1,0 @@
-// One attention instantiation (fp16, head dims 64 / 64); see attention_launch.cuh.
-#include "cuda/attention_launch.cuh"
-
-namespace kvflash::cuda {
-template void launch_attention<__half, 64, 64>(const AttentionParams&, bool, cudaStream_t);
-}  // namespace kvflash::cuda

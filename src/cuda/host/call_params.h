@@ -1,0 +1,59 @@
+// The CUDA backend's host half, in plain C++ (compiles without nvcc; unit-tested on CPU CI):
+// what the CUDA backend supports, the workspace layout, the parameter blocks of every kernel a
+// call launches, and the checks that refuse a call. backend.cu runs check_call() before its first
+// kernel, so a refused call writes nothing (not even its appended K/V).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/problem.h"
+#include "cuda/common/params.h"
+#include "kvflash/kvflash.h"
+
+namespace kvflash::cuda {
+
+// Workspace layout: [out partials | LSE partials | per-batch splits | split columns | rotated q],
+// 256-aligned.
+struct WorkspaceLayout {
+  size_t out_partial = 0, lse_partial = 0, splits = 0, work = 0, q_rot = 0, total = 0;
+  int work_columns = 0;  // split columns the prepare kernel lists (core::portable_split_columns)
+};
+WorkspaceLayout workspace_layout(const core::Problem& p, const Plan& plan);
+
+// Every kernel of one call, in launch order: append -> rotate q -> prepare -> attention -> combine
+// (each but the attention only when its flag is set).
+struct CallParams {
+  bool append = false;
+  AppendParams append_params;
+  int append_rows = 0;  // new rows of the longest sequence (the append grid's x bound)
+  bool rotate_q = false;
+  RotateQParams rotate_q_params;
+  bool prepare = false;
+  PrepareParams prepare_params;
+  AttentionParams attention;
+  bool combine = false;
+  CombineParams combine_params;
+  ElemType out_type = ElemType::bf16;
+};
+// `workspace`: the base of workspace_layout(p, plan).total bytes (nullptr when that is 0).
+CallParams call_params(const core::Problem& p, const Plan& plan, const Outputs& outputs,
+                       char* workspace);
+
+// FA3's flash_attn_combine: (splits, b, s, h, d) | (splits, total, h, d) partials.
+CombineParams combine_params(const TensorView& out_partial, const TensorView& lse_partial,
+                             const TensorView& out, const OptTensor& lse);
+
+// Packed query rows one attention CTA of the plan's kernel takes.
+int rows_per_cta(const Plan& plan);
+
+// What the CUDA kernels support of a valid call (dtype, head dims, 16-byte rows).
+// Throws Error(unsupported) naming the argument.
+void check_supported(const core::Problem& p, const Outputs& outputs);
+// Every check that can refuse a call whose parameters are built: the kernels' grid limits
+// (core/limits.h). Runs before the first kernel of the call.
+void check_launchable(const CallParams& call, const Plan& plan);
+// The combine API's limits (head dim of the partials).
+void check_combine(const CombineParams& p);
+
+}  // namespace kvflash::cuda

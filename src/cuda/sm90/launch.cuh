@@ -1,0 +1,20 @@
+// Launching the sm90 family's attention: its best rung (prefill.h), whose kernels are compiled
+// once, in prefill_inst_*.cu. Included by the units CMake generates from the instantiation table.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/sm90/launch.h"
+#include "cuda/sm90/prefill.h"
+
+namespace kvflash::cuda {
+
+// Not launched to overlap the previous kernel: a prefill grid is many CTAs (see sm80/launch.cuh).
+template <class Elem, int kHeadDim, int kHeadDimV>
+void launch_sm90_attention(const AttentionParams& p, KernelShape /*shape*/, bool /*overlap_previous*/,
+                           cudaStream_t stream) {
+  static_assert(kHeadDim == kHeadDimV, "the sm90 family runs d == d_v");
+  sm90::launch_prefill_rung<Elem, kHeadDim>(p, p.group, sm90::kBestRung, stream);
+}
+
+}  // namespace kvflash::cuda

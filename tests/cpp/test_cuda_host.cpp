@@ -1,0 +1,364 @@
+// The CUDA backend's host half, on the CPU: the family rule against the instantiation table and
+// the dispatcher's view of a call, the parameter blocks the kernels get, and the pre-launch check
+// that refuses a call before its first kernel (cuda/host/call_params.h; backend.cu runs it before
+// the append kernel, so a refused call writes nothing).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/heuristics.h"
+#include "core/kernel_family.h"
+#include "core/planner.h"
+#include "core/problem.h"
+#include "cuda/host/call_params.h"
+#include "kvflash/errors.h"
+#include "kvflash/kvflash.h"
+#include "oracle/random_case.h"
+
+namespace kvflash {
+namespace {
+
+// The instantiation table (src/cuda/instantiations.def), read as the dispatcher's table is.
+struct TableRow {
+  KernelFamily family;
+  DType dtype;
+  int headdim, headdim_v;
+};
+constexpr DType bf16 = DType::bf16;
+constexpr DType f16 = DType::f16;
+#define KVFLASH_INSTANTIATION(family, dtype, d, dv) TableRow{KernelFamily::family, dtype, d, dv},
+constexpr TableRow kTable[] = {
+#include "cuda/instantiations.def"
+};
+#undef KVFLASH_INSTANTIATION
+
+bool in_table(const KernelChoice& k, DType dtype) {
+  for (const TableRow& row : kTable) {
+    if (row.family == k.family && row.dtype == dtype && row.headdim == k.headdim &&
+        row.headdim_v == k.headdim_v) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool cuda_supports(const core::Problem& p, const Outputs& outputs) {
+  try {
+    cuda::check_supported(p, outputs);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// What the dispatcher must launch for a call, from the call's own values (as the kernels see
+// them: packed rows = s_q x group), and what the Plan says, agree on every random case for every
+// arch; the Plan's kernel is in the table, its compiled tile is the Plan's tile and the grid's
+// rows per CTA are the kernel's.
+TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
+  const int archs[] = {80, 86, 89, 90, 100, 120};
+  int checked = 0, sm90 = 0;
+  std::set<std::tuple<int, int, int, int>> kernels;
+  // The default draws, then prefill shapes (the sm90 family's head dims, >= 64 query rows).
+  oracle::CaseLimits prefill;
+  prefill.headdims = {64, 128, 256}, prefill.min_seqlen_q = 64, prefill.max_seqlen_q = 512;
+  for (uint64_t seed = 1; seed <= 500; ++seed) {
+    oracle::Case c = oracle::make_random_case(seed, seed <= 400 ? oracle::CaseLimits{} : prefill);
+    validate(c.args);
+    core::Problem p = core::resolve(c.args);
+    const oracle::CaseOutputs outs = oracle::allocate_outputs(output_spec(c.args), false);
+    if (!cuda_supports(p, outs.outputs)) continue;
+    for (int arch : archs) {
+      SCOPED_TRACE(oracle::describe(c) + " arch " + std::to_string(arch));
+      const PlanKey key = core::plan_key(p, core::DeviceInfo{132, arch});
+      Plan plan = core::static_plan(key);
+      core::plan_batches(plan, std::vector<core::SeqLengths>(size_t(p.batch), {p.seqlen_q, p.seqlen_k}));
+      core::FamilyInputs call;
+      call.arch = arch;
+      call.sixteen_bit = true;
+      call.headdim = p.headdim;
+      call.headdim_v = p.headdim_v;
+      call.packed_rows = int64_t{p.seqlen_q} * p.group;
+      call.max_seqlen_q = p.seqlen_q;
+      call.page_size = p.paged ? p.page_size : 0;
+      call.has_leftpad = p.args.cache_leftpad.has_value();
+      call.one_split = core::family_inputs(key).one_split;  // the planner's split rule decides it
+      EXPECT_EQ(plan.kernel, core::choose_kernel(call));
+      if (plan.kernel.family == KernelFamily::sm90) {
+        ++sm90;
+        EXPECT_EQ(arch, 90);  // sm_90a code
+        EXPECT_EQ(plan.num_splits, 1);
+        EXPECT_GE(p.seqlen_q, 64);
+      } else {
+        EXPECT_EQ(plan.kernel.family, KernelFamily::sm80);
+      }
+      EXPECT_TRUE(in_table(plan.kernel, p.dtype));
+      const core::TileSize compiled = core::family_tile(
+          plan.kernel.family, core::TileInputs{plan.kernel.headdim, plan.kernel.headdim_v});
+      EXPECT_EQ(compiled.block_m, plan.block_m);
+      EXPECT_EQ(compiled.block_n, plan.block_n);
+      const int rows = cuda::rows_per_cta(plan);
+      EXPECT_EQ(rows, plan.kernel.shape == KernelShape::decode_8    ? 8
+                      : plan.kernel.shape == KernelShape::decode_16 ? 16
+                                                                    : plan.block_m);
+      // The same kernel after a round trip through FA3's int32 layout.
+      const std::vector<int32_t> fa3 = plan.to_fa3();
+      EXPECT_EQ(Plan::from_fa3(fa3.data(), fa3.size(), key).kernel, plan.kernel);
+      kernels.insert({int(plan.kernel.shape), plan.kernel.headdim, plan.kernel.headdim_v, arch});
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 600);
+  EXPECT_GT(sm90, 0);  // some random calls are prefill shapes the Hopper family takes
+  EXPECT_GT(kernels.size(), 30u);  // every shape over several instantiations was reached
+}
+
+// Every head-dim pair the CUDA backend accepts has its instantiation, in both 16-bit dtypes.
+TEST(KernelFamily, EverySupportedHeadDimHasAnInstantiation) {
+  for (int d = 8; d <= core::kCudaMaxHeadDim; d += core::kCudaHeadDimMultiple) {
+    for (int dv = 8; dv <= core::kCudaMaxHeadDim; dv += core::kCudaHeadDimMultiple) {
+      for (DType dtype : {bf16, f16}) {
+        for (int64_t rows : {1, 9, 16, 17, 4096}) {
+          const KernelChoice k = core::choose_kernel(core::FamilyInputs{90, true, d, dv, rows});
+          EXPECT_TRUE(in_table(k, dtype)) << d << " x " << dv;
+        }
+      }
+    }
+  }
+}
+
+// Calls the sm90 family takes, one condition changed at a time.
+TEST(KernelFamily, Sm90RuleRow) {
+  core::FamilyInputs in{90, true, 128, 128, 4096};
+  in.max_seqlen_q = 64;
+  in.one_split = true;
+  EXPECT_EQ(core::kernel_family(in), KernelFamily::sm90);
+  EXPECT_EQ(core::choose_kernel(in).shape, KernelShape::prefill);
+  for (int d : {64, 256}) {
+    core::FamilyInputs other = in;
+    other.headdim = other.headdim_v = d;
+    EXPECT_EQ(core::kernel_family(other), KernelFamily::sm90) << d;
+    EXPECT_TRUE(in_table(core::choose_kernel(other), bf16) && in_table(core::choose_kernel(other), f16));
+  }
+  auto with = [&](auto change) {
+    core::FamilyInputs c = in;
+    change(c);
+    return core::kernel_family(c);
+  };
+  EXPECT_EQ(with([](auto& c) { c.arch = 100; }), KernelFamily::sm80);  // sm_90a code only
+  EXPECT_EQ(with([](auto& c) { c.arch = 89; }), KernelFamily::sm80);
+  EXPECT_EQ(with([](auto& c) { c.sixteen_bit = false; }), KernelFamily::sm80);
+  EXPECT_EQ(with([](auto& c) { c.headdim = c.headdim_v = 96; }), KernelFamily::sm80);
+  EXPECT_EQ(with([](auto& c) { c.headdim_v = 64; }), KernelFamily::sm80);
+  EXPECT_EQ(with([](auto& c) { c.max_seqlen_q = 63; }), KernelFamily::sm80);
+  EXPECT_EQ(with([](auto& c) { c.one_split = false; }), KernelFamily::sm80);
+  EXPECT_EQ(with([](auto& c) { c.page_size = 256; }), KernelFamily::sm90);
+  EXPECT_EQ(with([](auto& c) { c.page_size = 64; }), KernelFamily::sm80);  // a block spans pages
+  EXPECT_EQ(with([](auto& c) { c.page_size = 256, c.has_leftpad = true; }), KernelFamily::sm80);
+  EXPECT_EQ(with([](auto& c) { c.has_leftpad = true; }), KernelFamily::sm90);  // dense: TMA at any row
+  EXPECT_EQ(with([](auto& c) { c.headdim = c.headdim_v = 256, c.page_size = 64; }), KernelFamily::sm90);
+}
+
+// A planned call: one split from FA3's rule at the sm90 tile, a requested split count above one
+// sends it to sm80.
+TEST(KernelFamily, Sm90NeedsOneSplit) {
+  PlanKey raw;
+  raw.batch = 1, raw.max_seqlen_q = 4096, raw.max_seqlen_k = 4096;
+  raw.num_heads = raw.num_heads_k = 16, raw.headdim = raw.headdim_v = 128, raw.dtype = DType::bf16;
+  const PlanKey key = core::canonical_key(raw, core::DeviceInfo{132, 90});
+  EXPECT_EQ(core::static_plan(key).kernel.family, KernelFamily::sm90);
+  EXPECT_EQ(core::static_plan(key).num_splits, 1);
+  PlanKey split = key;
+  split.num_splits = 2;
+  EXPECT_EQ(core::static_plan(split).kernel.family, KernelFamily::sm80);
+  PlanKey short_q = key;  // one query tile per head and many key blocks: FA3's rule splits
+  short_q.max_seqlen_q = 64;
+  short_q.max_seqlen_k = 65536;
+  EXPECT_GT(core::static_plan(short_q, KernelFamily::sm90).num_splits, 1);
+  EXPECT_EQ(core::static_plan(short_q).kernel.family, KernelFamily::sm80);
+}
+
+TEST(KernelFamily, RuleRows) {
+  EXPECT_EQ(core::kernel_family(core::FamilyInputs{0}), KernelFamily::cpu);
+  EXPECT_EQ(core::kernel_family(core::FamilyInputs{80}), KernelFamily::sm80);
+  EXPECT_EQ(core::kernel_family(core::FamilyInputs{90}), KernelFamily::sm80);  // no query rows
+  const auto shape = [](int d, int64_t rows) {
+    return core::choose_kernel(core::FamilyInputs{90, true, d, d, rows}).shape;
+  };
+  EXPECT_EQ(shape(128, 8), KernelShape::decode_8);
+  EXPECT_EQ(shape(128, 16), KernelShape::decode_16);
+  EXPECT_EQ(shape(256, 16), KernelShape::decode_8);  // two tiles' registers do not fit
+  EXPECT_EQ(shape(128, 17), KernelShape::prefill);
+  const KernelChoice narrow_v = core::choose_kernel(core::FamilyInputs{80, true, 160, 100, 1});
+  EXPECT_EQ(narrow_v.headdim, 192);
+  EXPECT_EQ(narrow_v.headdim_v, 128);
+  EXPECT_EQ(core::choose_kernel(core::FamilyInputs{0, true, 128, 128, 1}), KernelChoice{});
+}
+
+// A decode call with its own (dense) buffers: batch x 1 query row, 4/2 heads, d 64, s_k 256.
+struct DecodeCall {
+  int batch;
+  std::vector<uint16_t> q, k_cache, v_cache, k, v, cos, sin, out;
+  std::vector<float> lse;
+  KvCacheArgs args;
+  Outputs outputs;
+
+  explicit DecodeCall(int b, bool rotary = false) : batch(b) {
+    const int h = 4, hk = 2, d = 64, s_k = 256;
+    q.resize(size_t(b) * h * d), out.resize(q.size()), lse.resize(size_t(b) * h);
+    k_cache.resize(size_t(b) * s_k * hk * d), v_cache.resize(k_cache.size());
+    k.resize(size_t(b) * hk * d), v.resize(k.size());
+    args.q = TensorView::contiguous(q.data(), DType::bf16, {b, 1, h, d});
+    args.k_cache = TensorView::contiguous(k_cache.data(), DType::bf16, {b, s_k, hk, d});
+    args.v_cache = TensorView::contiguous(v_cache.data(), DType::bf16, {b, s_k, hk, d});
+    args.k = TensorView::contiguous(k.data(), DType::bf16, {b, 1, hk, d});
+    args.v = TensorView::contiguous(v.data(), DType::bf16, {b, 1, hk, d});
+    args.cache_seqlens_value = 100;
+    if (rotary) {
+      cos.resize(size_t(s_k) * d / 2), sin.resize(cos.size());
+      args.rotary_cos = TensorView::contiguous(cos.data(), DType::bf16, {s_k, d / 2});
+      args.rotary_sin = TensorView::contiguous(sin.data(), DType::bf16, {s_k, d / 2});
+    }
+    outputs.out = TensorView::contiguous(out.data(), DType::bf16, {b, 1, h, d});
+    outputs.softmax_lse = TensorView::contiguous(lse.data(), DType::f32, {b, h, 1});
+  }
+
+  core::Problem problem() const {
+    validate(args);
+    core::Problem p = core::resolve(args);
+    p.key = core::plan_key(p, core::DeviceInfo{132, 90});
+    return p;
+  }
+};
+
+TEST(CudaParams, AppendRotaryAndAttentionBlocks) {
+  DecodeCall call(3, /*rotary=*/true);
+  const core::Problem p = call.problem();
+  Plan plan = core::static_plan(p.key);
+  const cuda::WorkspaceLayout layout = cuda::workspace_layout(p, plan);
+  std::vector<char> workspace(layout.total);
+  const cuda::CallParams c = cuda::call_params(p, plan, call.outputs, workspace.data());
+  ASSERT_TRUE(c.append);
+  EXPECT_EQ(c.append_rows, 1);
+  EXPECT_EQ(c.append_params.k_new.batch_stride, 2 * 64);
+  EXPECT_EQ(c.append_params.cache.k_pos_stride, 2 * 64);
+  EXPECT_EQ(c.append_params.len.cache_seqlens_value, 100);
+  // One rotary block for K (append) and q (rotated into the workspace).
+  EXPECT_EQ(c.append_params.rotary.dim, 64);
+  EXPECT_EQ(c.append_params.rotary.rows, 256);
+  EXPECT_EQ(c.append_params.rotary.row_stride, 32);
+  EXPECT_EQ(c.append_params.rotary.cos, call.cos.data());
+  ASSERT_TRUE(c.rotate_q);
+  EXPECT_EQ(c.rotate_q_params.rotary.sin, call.sin.data());
+  EXPECT_EQ(c.attention.q.data, workspace.data() + layout.q_rot);  // the kernels read rotated q
+  EXPECT_EQ(c.attention.lse_batch_stride, 4);
+  EXPECT_EQ(c.attention.group, 2);
+  EXPECT_EQ(c.attention.split_block_n, plan.block_n);
+  EXPECT_EQ(c.out_type, cuda::ElemType::bf16);
+
+  DecodeCall plain(3);
+  const cuda::CallParams no_rotary = cuda::call_params(plain.problem(), plan, plain.outputs, nullptr);
+  EXPECT_EQ(no_rotary.append_params.rotary.dim, 0);  // K passes through
+  EXPECT_FALSE(no_rotary.rotate_q);
+}
+
+TEST(CudaParams, SplitPartialsAndCombine) {
+  DecodeCall call(2);
+  call.args.num_splits = 4;
+  const core::Problem p = call.problem();
+  Plan plan = core::static_plan(p.key);
+  ASSERT_EQ(plan.num_splits, 4);
+  const cuda::WorkspaceLayout layout = cuda::workspace_layout(p, plan);
+  std::vector<char> workspace(layout.total);
+  const cuda::CallParams c = cuda::call_params(p, plan, call.outputs, workspace.data());
+  // Ours: (splits, b, h, s, dv) fp32 in the workspace, every element's splits from the prepare
+  // kernel, one-split elements written by the attention kernel itself.
+  EXPECT_TRUE(c.attention.single_split_writes_out);
+  EXPECT_EQ(c.attention.out_partial, reinterpret_cast<float*>(workspace.data() + layout.out_partial));
+  EXPECT_EQ(c.attention.op_token_stride, 64);
+  EXPECT_EQ(c.attention.op_head_stride, 64);
+  EXPECT_EQ(c.attention.op_batch_stride, 4 * 64);
+  EXPECT_EQ(c.attention.op_split_stride, 2 * 4 * 64);
+  ASSERT_TRUE(c.prepare);
+  EXPECT_EQ(c.attention.splits_per_batch, c.prepare_params.splits_out);
+  ASSERT_TRUE(c.combine);
+  EXPECT_EQ(c.combine_params.dim_a, 2);
+  EXPECT_EQ(c.combine_params.dim_b, 1);
+  EXPECT_EQ(c.combine_params.dim_c, 4);
+  EXPECT_EQ(c.combine_params.splits_per_batch, c.attention.splits_per_batch);
+  EXPECT_EQ(c.combine_params.op_c, c.attention.op_head_stride);
+
+  // FA3's flash_attn_combine: (splits, b, s, h, d).
+  std::vector<float> partial(size_t(4) * 2 * 1 * 4 * 64), lse_partial(size_t(4) * 2 * 1 * 4);
+  const TensorView op = TensorView::contiguous(partial.data(), DType::f32, {4, 2, 1, 4, 64});
+  const TensorView lp = TensorView::contiguous(lse_partial.data(), DType::f32, {4, 2, 1, 4});
+  const cuda::CombineParams cp = cuda::combine_params(op, lp, call.outputs.out, std::nullopt);
+  EXPECT_EQ(cp.num_splits, 4);
+  EXPECT_EQ(cp.dim_a, 2);
+  EXPECT_EQ(cp.op_split, 2 * 4 * 64);
+  EXPECT_EQ(cp.lse, nullptr);
+  EXPECT_NO_THROW(cuda::check_combine(cp));
+  cuda::CombineParams wide = cp;
+  wide.headdim_v = 512;
+  try {
+    cuda::check_combine(wide);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "out_partial");
+    EXPECT_NE(std::string(e.what()).find("combine of head dims above 256"), std::string::npos);
+  }
+}
+
+void expect_refused(const cuda::CallParams& call, const Plan& plan, const std::string& argument,
+                    const std::string& part) {
+  try {
+    cuda::check_launchable(call, plan);
+    ADD_FAILURE() << "no error; expected " << part;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::unsupported);
+    EXPECT_EQ(e.argument(), argument);
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+// A call whose grid cannot launch is refused by the check backend.cu runs before the append
+// kernel: with out_accum (every split of every element launched), 300 x 256 columns.
+TEST(CudaParams, RejectedCallIsRefusedBeforeTheFirstKernel) {
+  DecodeCall call(300);
+  call.args.num_splits = 256;
+  const core::Problem p = call.problem();
+  const Plan plan = core::make_plan(p);
+  ASSERT_EQ(plan.num_splits, 256);
+  std::vector<float> accum(size_t(256) * 300 * 4 * 64), lse_accum(size_t(256) * 300 * 4);
+  Outputs outputs = call.outputs;
+  outputs.out_accum = TensorView::contiguous(accum.data(), DType::f32, {256, 300, 4, 1, 64});
+  outputs.softmax_lse_accum = TensorView::contiguous(lse_accum.data(), DType::f32, {256, 300, 4, 1});
+  std::vector<char> workspace(cuda::workspace_layout(p, plan).total);
+  const cuda::CallParams c = cuda::call_params(p, plan, outputs, workspace.data());
+  ASSERT_TRUE(c.append);  // the append kernel would have written first
+  expect_refused(c, plan, "num_splits", "batch * num_splits above 65535 is not supported on CUDA yet (got 76800)");
+
+  // Our own partials launch only the split columns the lengths need: the same call fits.
+  const cuda::CallParams ours = cuda::call_params(p, plan, call.outputs, workspace.data());
+  EXPECT_NO_THROW(cuda::check_launchable(ours, plan));
+
+  cuda::CallParams heads = ours;
+  heads.attention.num_heads_k = 70000;
+  expect_refused(heads, plan, "k_cache", "more than 65535 KV heads are not supported on CUDA yet");
+  cuda::CallParams rows = ours;
+  rows.attention.len.seqlen_q = 1 << 30;
+  rows.attention.group = 64;
+  expect_refused(rows, plan, "q", "more than 2^31 - 1 query tiles per KV head");
+  cuda::CallParams batch = ours;
+  batch.attention.len.batch = 70000;
+  batch.attention.split_work = reinterpret_cast<const cuda::SplitWork*>(workspace.data());
+  batch.attention.num_split_work = 1;
+  expect_refused(batch, plan, "q", "a batch above 65535 with new k / v or rotary");
+}
+
+}  // namespace
+}  // namespace kvflash
