@@ -1,7 +1,8 @@
-// Merging split-KV partials through their LSE (FA3's combine): one CTA per output row, its
-// threads spread over the splits (the LSEs, and the partial rows, warp w taking splits w,
-// w + kWarps, ...). The first kWarps x kBatch partial rows load together with the LSEs, so a row
-// of up to 64 splits costs one memory round trip after the attention kernel.
+// Merging split-KV partials through their LSE (FA3's combine): one CTA per output row (a few
+// consecutive rows per CTA for calls with very many rows, see combine_kernel), its threads spread
+// over the splits (the LSEs, and the partial rows, warp w taking splits w, w + kWarps, ...). The
+// first kWarps x kBatch partial rows load together with the LSEs, so a row of up to 64 splits
+// costs one memory round trip after the attention kernel.
 // A split whose LSE is -inf (empty) adds nothing: its partial row is selected away, never
 // multiplied, so garbage or NaN in it cannot leak; a row with every split empty gets out 0 and
 // LSE -inf.
@@ -47,24 +48,26 @@ __device__ float block_reduce(float v, bool is_max, float* scratch) {
   return r;
 }
 
+// One output row (a, bb, c). Returns at once where the attention kernel wrote the row itself.
 template <class Out>
-__global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
-  __shared__ float scale[kMaxSplits];
-  __shared__ float warp_out[kWarps][kMaxHeadDimV];
-  __shared__ float scratch[kWarps];
-  launch_dependents();  // the next attention call's CTAs may start (and wait) now
-  const int64_t row = blockIdx.x;
+__device__ __forceinline__ void combine_row(const CombineParams& p, int64_t row, float* scale,
+                                            float (*warp_out)[kMaxHeadDimV], float* scratch) {
   const int c = int(row % p.dim_c);
   const int bb = int((row / p.dim_c) % p.dim_b);
   const int a = int(row / (int64_t(p.dim_c) * p.dim_b));
   int splits = p.num_splits;
   int64_t token = bb;
   if (p.splits_per_batch || p.splits_alone) {
+    // The element's split count first: most rows of a prefill-shaped call stop here.
+    if (!p.splits_alone) {
+      splits = clamp_int(p.splits_per_batch[a], 1, p.num_splits);
+      if (splits == 1) return;  // the attention kernel wrote this row itself
+    }
     const SeqLens seq = seq_lens(p.len, a);
-    splits = p.splits_alone ? splits_alone(p.rule, seq.seqlen_q, seq.seqlen_k, p.num_splits)
-                            : p.splits_per_batch[a];
-    splits = clamp_int(splits, 1, p.num_splits);
-    if (splits == 1) return;  // the attention kernel wrote this row itself
+    if (p.splits_alone) {
+      splits = clamp_int(splits_alone(p.rule, seq.seqlen_q, seq.seqlen_k, p.num_splits), 1, p.num_splits);
+      if (splits == 1) return;
+    }
     if (p.len.cu_seqlens_q.data) {
       if (bb >= seq.seqlen_q) return;
       token = seq.q_offset + bb;
@@ -144,18 +147,42 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
   if (tid == 0 && p.lse) p.lse[a * p.l_a + token * p.l_b + c * p.l_c] = lse;
 }
 
+// rows_per_cta consecutive rows per CTA (one, unless the call has very many rows): a CTA that only
+// finds rows its attention kernel wrote itself costs one launch for all of them, not one each.
+// (Batched prefill with a split bound > 1 but one split per sequence launched 262k CTAs that
+// each exited at once: issue 13's regression.) The rows' shared memory reuse is ordered by the
+// block reductions' barriers.
+template <class Out>
+__global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p, int64_t rows, int rows_per_cta) {
+  __shared__ float scale[kMaxSplits];
+  __shared__ float warp_out[kWarps][kMaxHeadDimV];
+  __shared__ float scratch[kWarps];
+  launch_dependents();  // the next attention call's CTAs may start (and wait) now
+  const int64_t first = int64_t(blockIdx.x) * rows_per_cta;
+  const int64_t last = first + rows_per_cta < rows ? first + rows_per_cta : rows;
+  for (int64_t row = first; row < last; ++row) combine_row<Out>(p, row, scale, warp_out, scratch);
+}
+
 }  // namespace
 
 void launch_combine(const CombineParams& p, ElemType out_type, bool overlap_previous, cudaStream_t stream) {
   const int64_t rows = int64_t(p.dim_a) * p.dim_b * p.dim_c;
   if (rows == 0) return;
-  const unsigned blocks = unsigned(rows);
+  // Decode-shaped calls keep one row per CTA; from 64k rows on, CTAs take up to 32 rows (at
+  // least 8192 CTAs remain).
+  const int rows_per_cta = rows < 65536 ? 1 : int(rows / 8192 < 32 ? rows / 8192 : 32);
+  const unsigned blocks = unsigned((rows + rows_per_cta - 1) / rows_per_cta);
   switch (out_type) {
     case ElemType::bf16:
-      launch_kernel(combine_kernel<__nv_bfloat16>, blocks, kThreads, 0, overlap_previous, stream, p);
+      launch_kernel(combine_kernel<__nv_bfloat16>, blocks, kThreads, 0, overlap_previous, stream, p, rows,
+                    rows_per_cta);
       break;
-    case ElemType::f16: launch_kernel(combine_kernel<__half>, blocks, kThreads, 0, overlap_previous, stream, p); break;
-    case ElemType::f32: launch_kernel(combine_kernel<float>, blocks, kThreads, 0, overlap_previous, stream, p); break;
+    case ElemType::f16:
+      launch_kernel(combine_kernel<__half>, blocks, kThreads, 0, overlap_previous, stream, p, rows, rows_per_cta);
+      break;
+    case ElemType::f32:
+      launch_kernel(combine_kernel<float>, blocks, kThreads, 0, overlap_previous, stream, p, rows, rows_per_cta);
+      break;
   }
 }
 

@@ -32,14 +32,9 @@ void launch_decode(const AttentionParams& p, bool overlap_previous, cudaStream_t
   launch_over_columns<T::kRows, T::kThreads, T::kSmemBytes>(decode_kernel<T>, p, overlap_previous, stream);
 }
 
-// Never launched to overlap the previous kernel (common/launch.cuh): batched prefill (thousands of
-// short CTAs) ran about 2x slower on the H200 once launches overlapped (b32 x 512 d128 causal 548
-// -> 992 us; b1 x 16k, whose CTAs are long, did not move), with the same kernel code, registers
-// and SASS; the overlap pays for the decode kernel's one-wave grids only. For a plainly launched
-// grid wait_for_prerequisites returns at once; launch_dependents still lets a combine start early.
 template <class T>
-void launch_prefill(const AttentionParams& p, bool /*overlap_previous*/, cudaStream_t stream) {
-  launch_over_columns<T::kBlockM, T::kThreads, T::kSmemBytes>(attention_kernel<T>, p, false, stream);
+void launch_prefill(const AttentionParams& p, bool overlap_previous, cudaStream_t stream) {
+  launch_over_columns<T::kBlockM, T::kThreads, T::kSmemBytes>(attention_kernel<T>, p, overlap_previous, stream);
 }
 
 // The two-tile decode CTA is compiled only for head dims the rule gives it to.
