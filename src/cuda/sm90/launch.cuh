@@ -2,6 +2,8 @@
 // once, in prefill_inst_*.cu. Included by the units CMake generates from the instantiation table.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "cuda/sm90/launch.h"
