@@ -59,8 +59,9 @@ step memcheck memcheck.log sanitize memcheck "$MEMCHECK_CASES" 5001
 step racecheck racecheck.log sanitize racecheck "$RACECHECK_CASES" 7001
 step bench bench.log "$RUNNER" bench
 # The floors by the program users run: paged decode (page 16, 32/8 heads, d 128), dense prefill,
-# and batched prefill (32 prompts of 512, causal, page 16: thousands of short CTAs, where a launch
-# regression shows that one long sequence hides; issue 13: 548 us before it, 992 us with it).
+# and batched prefill (32 prompts of 512, causal, page 16: the sm80 family with a split bound > 1
+# but one split per sequence, where a combine over every row costs what one long sequence hides;
+# issue 13: 548 us at 90df2b1, 992 us at 02d27d1).
 floors() {
   "$BUILD/kvflash" bench --device cuda --batch 1,64 --context 8192 --prefill none --dtype bf16 &&
     "$BUILD/kvflash" bench --device cuda --batch 1 --context 1024 --prefill 16384 --dtype bf16 --non-causal \
