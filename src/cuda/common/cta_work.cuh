@@ -71,6 +71,16 @@ __device__ __forceinline__ float sink_log2(const AttentionParams& p, int hk, int
                                : __bfloat162float(__ushort_as_bfloat16(p.sinks_bf16[head * p.sinks_stride])));
 }
 
+// Folds the sink's term (log2 units) into a finished row's state (max m in log2 units, sum l);
+// returns the factor the keys' output takes (below 1 when the sink raises the maximum).
+__device__ __forceinline__ float fold_sink(float sink, float& m, float& l) {
+  const float with_sink = fmaxf(m, sink);
+  const float keys_scale = m == -INFINITY ? 0.0f : fast_exp2(m - with_sink);
+  l = l * keys_scale + fast_exp2(sink - with_sink);
+  m = with_sink;
+  return keys_scale;
+}
+
 // Where a CTA's finished rows go: out (or the split's partial, see single_split_writes_out).
 struct RowDestination {
   int b = 0, split = 0, q_offset = 0, packed_rows = 0;

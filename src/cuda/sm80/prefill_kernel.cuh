@@ -417,13 +417,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
     float l = row_sum[mt][h];
     float m = row_max[mt][h];
     float keys_scale = 1.0f;  // of the keys' state, when the sink raises the maximum
-    if (add_sink) {
-      const float sink = sink_log2(p, hk, min(row0 + r, packed_rows - 1));
-      const float with_sink = fmaxf(m, sink);
-      keys_scale = m == -INFINITY ? 0.0f : fast_exp2(m - with_sink);
-      l = l * keys_scale + fast_exp2(sink - with_sink);
-      m = with_sink;
-    }
+    if (add_sink) keys_scale = fold_sink(sink_log2(p, hk, min(row0 + r, packed_rows - 1)), m, l);
     const bool nonempty = l > 0.0f && m != -INFINITY;
     const float factor = nonempty ? keys_scale / l : 0.0f;
     if (t == 0) sLse[r] = nonempty ? (m + log2f(l)) * kLn2 : -INFINITY;

@@ -426,13 +426,7 @@ __device__ __forceinline__ void consume(const PrefillParams<T>& params, typename
     float m = row_max[r];
     float keys_scale = 1.0f;
     const int tile_row = get<0>(orc(r, 0));
-    if (start.add_sink) {
-      const float sink = sink_log2(p, head, min(row0 + tile_row, start.packed_rows - 1));
-      const float with_sink = fmaxf(m, sink);
-      keys_scale = m == -INFINITY ? 0.0f : fast_exp2(m - with_sink);
-      l = l * keys_scale + fast_exp2(sink - with_sink);
-      m = with_sink;
-    }
+    if (start.add_sink) keys_scale = fold_sink(sink_log2(p, head, min(row0 + tile_row, start.packed_rows - 1)), m, l);
     const bool nonempty = l > 0.0f && m != -INFINITY;
     const float factor = nonempty ? keys_scale / l : 0.0f;
     if (thread % 4 == 0) ss.lse[tile_row] = nonempty ? (m + log2f(l)) * kLn2 : -INFINITY;
