@@ -40,6 +40,8 @@ VARLEN = [
     ("v_descale", None), ("window_size", (-1, -1)), ("attention_chunk", 0), ("softcap", 0.0),
     ("num_splits", 1), ("pack_gqa", None), ("deterministic", False), ("sm_margin", 0),
     ("return_attn_probs", False),
+    # extras: a paged K/V (FA4 and sgl-kernel), sgl-kernel's return_softmax_lse
+    ("page_table", None), ("return_softmax_lse", False),
 ]
 
 SCHEDULER = [
