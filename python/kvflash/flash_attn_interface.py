@@ -68,7 +68,7 @@ def _is_compiling():
 # The FA3 int32 tensor handed to the caller is only a serialisation; the typed Plan it came from
 # knows the whole problem it was made for. Keyed by the tensor's identity (id, confirmed through a
 # weak reference whose callback drops the entry when the tensor dies), so passing the tensor back
-# lets the call check every PlanKey field. Tensors not made here (copies, views, FA3's own) fall
+# lets the call check the PlanKey it was made for. Tensors not made here (copies, views, FA3's own) fall
 # back to the C++ check of FA3's layout.
 _plans_lock = threading.RLock()  # re-entrant: a weakref callback may run under it
 _plans_by_tensor = {}
@@ -93,7 +93,7 @@ def _forget(key, ref):
 
 def _plan_for(metadata):
     """The typed Plan behind a metadata tensor made by get_scheduler_metadata (the call then
-    checks the whole problem the plan was made for), else the tensor itself."""
+    checks the problem the plan was made for, python/README.md's rule), else the tensor itself."""
     entry = _plans_by_tensor.get(id(metadata))
     if entry is not None and entry[0]() is metadata:
         return entry[1]

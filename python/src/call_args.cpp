@@ -74,8 +74,8 @@ std::pair<int, int> window_pair(nb::handle obj) {
 
 namespace {
 
-// A Plan (typed metadata: the call checks the whole problem it was made for) or an int32
-// tensor in FA3's layout (checked for length and against this call's lengths).
+// A Plan (typed metadata: core::accept_plan checks the problem it was made for) or an int32
+// tensor in FA3's layout (checked for length and the range of each entry).
 void read_metadata(nb::handle metadata, TensorImporter& importer, KvCacheArgs& args) {
   if (nb::isinstance<Plan>(metadata))
     args.plan = nb::inst_ptr<Plan>(metadata);

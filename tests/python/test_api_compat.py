@@ -155,3 +155,13 @@ def test_call_tuple_order_agrees_with_the_extension():
     # FA3's arguments keep FA3's order in the tuple.
     fa3 = [name for name, _ in KVCACHE[: KVCACHE.index(("return_softmax_lse", False))]]
     assert [f for f in _call.FIELDS if f in fa3] == fa3
+
+
+def test_call_fields_are_given_by_name():
+    from kvflash import _call
+
+    call = _call.make(q=1, causal=True)
+    assert len(call) == len(_call.FIELDS) and call[_call.Q] == 1 and call[_call.CAUSAL] is True
+    assert call[_call.WINDOW_SIZE] == (-1, -1) and call[_call.CHECKED] is False
+    with pytest.raises(TypeError, match="^internal: not a call field: k_new"):
+        _call.make(q=1, k_new=2)
