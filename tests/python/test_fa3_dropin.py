@@ -90,10 +90,16 @@ def test_metadata_of_a_compatible_problem_gives_the_calls_own_result(device):
                     dict(max_seqlen_k=4 * CAPACITY, qkv_dtype=device.float_dtype)):
         metadata = metadata_for(kw, **changes)
         assert_same(fai.flash_attn_with_kvcache(**kw, scheduler_metadata=metadata), own)
-    # A copy is not kvflash's tensor: FA3's layout is read (checked on the host) instead.
+    # A copy is not kvflash's tensor: FA3's layout is read instead. On the host its entries are
+    # checked and the call runs its own vectors; on a GPU the kernels read its split counts (as
+    # FA3 does), which may split a sequence differently from the device's own rule.
     copy = metadata_for(kw, qkv_dtype=device.float_dtype)
     copy = copy.clone() if device.is_torch else copy.copy()
-    assert_same(fai.flash_attn_with_kvcache(**kw, scheduler_metadata=copy), own)
+    with_copy = fai.flash_attn_with_kvcache(**kw, scheduler_metadata=copy)
+    if device.name == "cuda":
+        assert_close(with_copy, host(own), device.tol)
+    else:
+        assert_same(with_copy, own)
 
 
 @pytest.mark.parametrize("device", DEVICES)
