@@ -127,10 +127,8 @@ def main():
     metadata = fai.get_scheduler_metadata(
         args.batch, 1, pages_per_seq * args.page_size, args.heads, args.heads_k, args.headdim,
         kw["cache_seqlens"], qkv_dtype=torch.bfloat16, page_size=args.page_size, causal=True)
-    call = _call.make(kw["q"], kw["k_cache"], kw["v_cache"], None, None, None, None, None,
-                      kw["cache_seqlens"], None, None, kw["page_table"], None, None, None, None,
-                      None, None, None, None, True, (-1, -1), 0, 0.0, True, None, 0, None, 0,
-                      None, False)
+    call = _call.make(q=kw["q"], k_cache=kw["k_cache"], v_cache=kw["v_cache"],
+                      cache_seqlens=kw["cache_seqlens"], page_table=kw["page_table"], causal=True)
     backend = SchedulingBackend()
     layers = 32  # calls per batch: the per-batch planning is amortised as in an engine
 

@@ -16,6 +16,10 @@ KVFLASH_CUDA="${KVFLASH_CUDA:-AUTO}"
 # nanobind/scikit-build-core: the pins of pyproject.toml's build-system).
 PYTHON_PINS=(numpy==2.4.6 pytest==9.2.0 ml_dtypes==0.7.0 nanobind==3.1.0 scikit-build-core==1.1.0)
 CUTLASS_PIN=nvidia-cutlass==4.2.0.0  # CUTLASS/CuTe headers for the CUDA backend, only with nvcc
+# torch, so the Python tests run with torch CPU tensors too (FA3's callers pass torch tensors):
+# PyPI's Linux wheel brings CUDA's runtime libraries, about 3.5 GB downloaded and 4.6 GB installed,
+# 1.5-3 minutes on a 2-core machine. KVFLASH_TORCH=OFF skips it (the torch tests then skip).
+TORCH_PIN=torch==2.11.0
 
 APT_PACKAGES=(cmake ninja-build g++ libgtest-dev libgmock-dev)
 # The Python side comes from apt only where python3 lacks it (a pyenv or venv python3 has both).
@@ -42,6 +46,7 @@ install_apt_packages() {
 install_python_packages() {
   local pins=("${PYTHON_PINS[@]}")
   if command -v nvcc >/dev/null 2>&1; then pins+=("$CUTLASS_PIN"); fi
+  if [ "${KVFLASH_TORCH:-ON}" != OFF ]; then pins+=("$TORCH_PIN"); fi
   local pip_args=(--disable-pip-version-check --quiet --root-user-action=ignore)
   # Debian's own python3 is "externally managed" (PEP 668); a pyenv/venv python3 is not.
   if python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'; then

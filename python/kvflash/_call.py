@@ -16,17 +16,20 @@ FIELDS = (
  ROTARY_INTERLEAVED, SCHEDULER_METADATA, NUM_SPLITS, PACK_GQA, SM_MARGIN, SINKS, ONLY_QV,
  CHECKED) = range(len(FIELDS))
 
+# FA3's defaults of flash_attn_with_kvcache, and kvflash's for its extras.
+_DEFAULTS = dict.fromkeys(FIELDS)
+_DEFAULTS.update(causal=False, window_size=(-1, -1), attention_chunk=0, softcap=0.0,
+                 rotary_interleaved=True, num_splits=0, sm_margin=0, only_qv=False, checked=False)
 
-def make(q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-         cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
-         q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
-         softcap, rotary_interleaved, scheduler_metadata, num_splits, pack_gqa, sm_margin, sinks,
-         only_qv, checked=False):
-    return (q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin, cache_seqlens,
-            cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
-            max_seqlen_q, rotary_seqlens, q_descale, k_descale, v_descale, softmax_scale,
-            causal, window_size, attention_chunk, softcap, rotary_interleaved,
-            scheduler_metadata, num_splits, pack_gqa, sm_margin, sinks, only_qv, checked)
+
+def make(**arguments):
+    """The call tuple of flash_attn_with_kvcache's arguments given by name (the others at their
+    defaults). A name that is not a field is a TypeError."""
+    unknown = arguments.keys() - _DEFAULTS.keys()
+    if unknown:
+        raise TypeError(f"internal: not a call field: {', '.join(sorted(unknown))}")
+    values = {**_DEFAULTS, **arguments}
+    return tuple(values[name] for name in FIELDS)
 
 
 def with_metadata(call, metadata):

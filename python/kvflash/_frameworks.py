@@ -41,8 +41,14 @@ def torch_dtype(code):
 
 
 def dtype_code(dtype):
-    """kvflash's code for a dtype given as a torch dtype, a numpy dtype or a name."""
+    """kvflash's code for a dtype given as a torch dtype, a numpy dtype (or scalar type, such as
+    np.float16 or ml_dtypes.bfloat16) or a name."""
     name = str(dtype).replace("torch.", "")
+    if isinstance(dtype, type):  # numpy scalar types print as "<class 'numpy.float16'>"
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            pass
     aliases = {"float16": F16, "half": F16, "bfloat16": BF16, "float8_e4m3fn": E4M3,
                "float32": F32, "float": F32, "int32": I32, "float64": F64}
     if name in aliases:

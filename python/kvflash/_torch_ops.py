@@ -76,7 +76,8 @@ def traced_kvcache(call, return_softmax_lse, out):
         scheduler_metadata = None  # typed plans cannot cross a traced op; the call plans itself
     seqlens_value = cache_seqlens if isinstance(cache_seqlens, int) else None
     seqlens_tensor = None if seqlens_value is not None else cache_seqlens
-    left, right = window_size
+    # Plain Python (the extension's window_pair is opaque to the tracer): None or a pair of ints.
+    left, right = (None, None) if window_size is None else window_size
     out, lse = torch.ops.kvflash.fwd_kvcache(
         q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin, seqlens_tensor, seqlens_value,
         cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q,

@@ -16,6 +16,7 @@ import threading
 import weakref
 
 from . import _call
+from . import _varlen
 from . import _frameworks as fw
 from . import _kvflash as _ext
 from . import scheduling as _scheduling
@@ -67,7 +68,7 @@ def _is_compiling():
 # The FA3 int32 tensor handed to the caller is only a serialisation; the typed Plan it came from
 # knows the whole problem it was made for. Keyed by the tensor's identity (id, confirmed through a
 # weak reference whose callback drops the entry when the tensor dies), so passing the tensor back
-# lets the call check every PlanKey field. Tensors not made here (copies, views, FA3's own) fall
+# lets the call check the PlanKey it was made for. Tensors not made here (copies, views, FA3's own) fall
 # back to the C++ check of FA3's layout.
 _plans_lock = threading.RLock()  # re-entrant: a weakref callback may run under it
 _plans_by_tensor = {}
@@ -92,7 +93,7 @@ def _forget(key, ref):
 
 def _plan_for(metadata):
     """The typed Plan behind a metadata tensor made by get_scheduler_metadata (the call then
-    checks the whole problem the plan was made for), else the tensor itself."""
+    checks the problem the plan was made for, python/README.md's rule), else the tensor itself."""
     entry = _plans_by_tensor.get(id(metadata))
     if entry is not None and entry[0]() is metadata:
         return entry[1]
@@ -187,13 +188,33 @@ def _run(call, return_softmax_lse, out):
     return _ext.fwd(call, out, return_softmax_lse)
 
 
-def _forward_only(name, *tensors):
-    if _is_compiling():
-        return  # the custom op has no backward: autograd reports it if one is attempted
-    if fw.wants_grad(*tensors):
-        raise RuntimeError(
-            f"kvflash.{name} is forward only: an input requires grad while autograd is enabled. "
-            "Run it under torch.no_grad() / torch.inference_mode(), or detach the inputs.")
+def _forward_only(name, run, *inputs):
+    """run(), the forward pass of `name`. When autograd would record it (an input requires grad
+    with grad enabled), its outputs get a backward that raises a RuntimeError naming `name`: the
+    forward runs as FA3's does, and only a backward pass is refused."""
+    if _is_compiling() or not fw.wants_grad(*inputs):
+        return run()  # compiled: the custom op has no backward, so autograd reports one itself
+    return _ForwardOnly.apply(name, run, *[t for t in inputs if t is not None])
+
+
+if torch is not None:
+    class _ForwardOnly(torch.autograd.Function):
+        """Outputs of a kvflash forward pass in an autograd graph, with no backward."""
+
+        @staticmethod
+        def forward(ctx, name, run, *inputs):
+            ctx.name = name
+            result = run()
+            if isinstance(result, tuple):  # (out, softmax_lse, ...): only out carries a gradient
+                ctx.mark_non_differentiable(*result[1:])
+            return result
+
+        @staticmethod
+        def backward(ctx, *grads):
+            raise RuntimeError(
+                f"kvflash.{ctx.name} is forward only: it has no backward pass (an input required "
+                "grad, so the forward ran, but gradients cannot be computed). Use FlashAttention "
+                "for training, or run under torch.no_grad() / torch.inference_mode().")
 
 
 def _is_torch_tensor(t):
@@ -208,11 +229,12 @@ def _contiguous_last_dim(t):
     return fw.make_contiguous_last_dim(t)
 
 
-def _attention_result(result, return_attn_probs):
-    if not return_attn_probs:
+def _attention_result(result, return_attn_probs, return_softmax_lse=False):
+    """FA3's return convention: out, or (out, softmax_lse) with return_attn_probs;
+    sgl-kernel's return_softmax_lse: (out, softmax_lse, out_accum, softmax_lse_accum)."""
+    if return_softmax_lse or not return_attn_probs:
         return result
-    out, lse = result[0], result[1]
-    return out, lse
+    return result[0], result[1]
 
 
 def flash_attn_func(
@@ -234,37 +256,20 @@ def flash_attn_func(
     sm_margin=0,
     return_attn_probs=False,
 ):
-    """Dense attention, q (b, s_q, h, d) against k / v (b, s_k, h_k, d|d_v); forward only.
-    Returns out, or (out, softmax_lse) with return_attn_probs (FA3's convention)."""
-    _forward_only("flash_attn_func", q, k, v, qv)
+    """Dense attention, q (b, s_q, h, d) against k / v (b, s_k, h_k, d|d_v). Returns out, or
+    (out, softmax_lse) with return_attn_probs (FA3's convention). Forward only: with inputs that
+    require grad the forward runs and a backward pass raises. ``deterministic`` concerns FA3's
+    backward only (kvflash's forward is deterministic)."""
     k, v = _contiguous_last_dim(k), _contiguous_last_dim(v)
     call = _call.make(
-        q, k, v, None, None, qv, None, None, None, None, None, None, None, None, None, None,
-        q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
-        softcap, True, None, num_splits, pack_gqa, sm_margin, None, False)
-    result = _run(call, return_attn_probs, None)
-    return _attention_result(result, return_attn_probs)
-
-
-def _packed_keys_as_pages(k, v, cu_seqlens_k, max_seqlen_k, seqused_k):
-    """Packed (total_k, h_k, d) keys seen as a paged cache of page size 1: sequence b's key j is
-    page cu_seqlens_k[b] + j. Returns (k_cache, v_cache, page_table, cache_seqlens)."""
-    total_k = k.shape[0]
-    k_cache = k.reshape(total_k, 1, *k.shape[1:])
-    v_cache = v.reshape(total_k, 1, *v.shape[1:])
-    last_page = max(total_k - 1, 0)
-    if _is_torch_tensor(k):
-        starts = cu_seqlens_k[:-1].to(torch.int32)
-        offsets = torch.arange(max_seqlen_k, dtype=torch.int32, device=starts.device)
-        page_table = (starts[:, None] + offsets[None, :]).clamp_(max=last_page).to(torch.int32)
-        lengths = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
-    else:
-        import numpy as np
-
-        cu = np.asarray(cu_seqlens_k)
-        page_table = np.minimum(cu[:-1, None] + np.arange(max_seqlen_k)[None, :], last_page).astype(np.int32)
-        lengths = (cu[1:] - cu[:-1]).astype(np.int32)
-    return k_cache, v_cache, page_table, (seqused_k if seqused_k is not None else lengths)
+        q=q, k_cache=k, v_cache=v, qv=qv, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        attention_chunk=attention_chunk, softcap=softcap, num_splits=num_splits,
+        pack_gqa=pack_gqa, sm_margin=sm_margin)
+    return _forward_only(
+        "flash_attn_func",
+        lambda: _attention_result(_run(call, return_attn_probs, None), return_attn_probs),
+        q, k, v, qv)
 
 
 def flash_attn_varlen_func(
@@ -291,25 +296,36 @@ def flash_attn_varlen_func(
     deterministic=False,
     sm_margin=0,
     return_attn_probs=False,
+    page_table=None,
+    return_softmax_lse=False,
 ):
-    """Packed variable-length attention: q (total_q, h, d), k / v (total_k, h_k, d|d_v) with
-    prefix sums cu_seqlens_q / cu_seqlens_k; forward only. Returns out, or (out, softmax_lse)."""
-    _forward_only("flash_attn_varlen_func", q, k, v, qv)
-    if seqused_q is not None:
-        raise NotImplementedError(
-            "seqused_q is not supported by kvflash's flash_attn_varlen_func; give the query lengths through cu_seqlens_q")
-    if max_seqlen_q is None or max_seqlen_k is None:
+    """Packed variable-length attention: q (total_q, h, d) with prefix sums cu_seqlens_q against
+    k / v (total_k, h_k, d|d_v) with prefix sums cu_seqlens_k, or, with ``page_table`` (b, pages)
+    (FA4 / sgl-kernel's extra), against a paged K/V (num_pages, page_size, h_k, d|d_v) whose
+    lengths are seqused_k. seqused_q / seqused_k: rows / keys used per sequence (FA3). Returns out,
+    or (out, softmax_lse) with return_attn_probs, or sgl-kernel's (out, softmax_lse, out_accum,
+    softmax_lse_accum) with return_softmax_lse. Forward only, as flash_attn_func."""
+    if max_seqlen_q is None or (max_seqlen_k is None and page_table is None):
         raise ValueError("max_seqlen_q and max_seqlen_k are required for FA3")
     k, v = _contiguous_last_dim(k), _contiguous_last_dim(v)
-    k_cache, v_cache, page_table, cache_seqlens = _packed_keys_as_pages(
-        k, v, cu_seqlens_k, int(max_seqlen_k), seqused_k)
+    if page_table is None:
+        k, v, page_table = _varlen.packed_keys_as_pages(k, v, cu_seqlens_k, int(max_seqlen_k))
+    cache_seqlens = _varlen.key_lengths(cu_seqlens_k, seqused_k)
+    if seqused_q is not None:
+        cu_seqlens_q, page_table, cache_seqlens = _varlen.split_unused_query_rows(
+            cu_seqlens_q, seqused_q, page_table, cache_seqlens)
     call = _call.make(
-        q, k_cache, v_cache, None, None, qv, None, None, cache_seqlens, None, None, page_table,
-        cu_seqlens_q, None, max_seqlen_q, None, q_descale, k_descale, v_descale, softmax_scale,
-        causal, window_size, attention_chunk, softcap, True, None, num_splits, pack_gqa,
-        sm_margin, None, False)
-    result = _run(call, return_attn_probs, None)
-    return _attention_result(result, return_attn_probs)
+        q=q, k_cache=k, v_cache=v, qv=qv, cache_seqlens=cache_seqlens, page_table=page_table,
+        cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, q_descale=q_descale,
+        k_descale=k_descale, v_descale=v_descale, softmax_scale=softmax_scale, causal=causal,
+        window_size=window_size, attention_chunk=attention_chunk, softcap=softcap,
+        num_splits=num_splits, pack_gqa=pack_gqa, sm_margin=sm_margin)
+    with_lse = return_attn_probs or return_softmax_lse
+    return _forward_only(
+        "flash_attn_varlen_func",
+        lambda: _attention_result(_run(call, with_lse, None), return_attn_probs,
+                                  return_softmax_lse),
+        q, k, v, qv)
 
 
 def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
@@ -320,8 +336,29 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
         code = fw.F32 if out_dtype is None else fw.dtype_code(out_dtype)
         out = fw.allocate(out_partial, shape[1:], code)
     lse = fw.allocate(out_partial, tuple(lse_partial.shape)[1:], fw.F32)
-    _ext.combine(out_partial, lse_partial, out, lse, fw.current_stream(out_partial))
+    try:
+        _ext.combine(out_partial, lse_partial, out, lse, fw.current_stream(out_partial))
+    except NotImplementedError:
+        # Head dims the CUDA combine kernel does not take yet (above 256: MLA's 512) are merged
+        # by torch on the same device, after the same argument checks, so CPU and CUDA behave
+        # alike from Python.
+        if not (_is_torch_tensor(out_partial) and out_partial.is_cuda and shape[-1] > 256):
+            raise
+        _combine_by_torch(out_partial, lse_partial, out, lse)
     return out, lse
+
+
+def _combine_by_torch(out_partial, lse_partial, out, lse):
+    """The combine (kvflash spec, split-KV): lse = log sum_s exp(lse_s), out = sum_s
+    exp(lse_s - lse) out_s; every split empty (all -inf) gives out 0 and lse -inf."""
+    top = lse_partial.amax(dim=0)
+    shift = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    weights = torch.exp(lse_partial - shift)
+    total = weights.sum(dim=0)
+    empty = total == 0
+    lse.copy_(torch.where(empty, torch.full_like(top, float("-inf")), torch.log(total) + shift))
+    scale = torch.where(empty, torch.zeros_like(weights), weights / torch.where(empty, 1.0, total))
+    out.copy_((scale.unsqueeze(-1) * out_partial).sum(dim=0))
 
 
 def get_scheduler_metadata(
@@ -351,17 +388,17 @@ def get_scheduler_metadata(
     scheduler_metadata: an int32 tensor of FA3's length on cache_seqlens' device. kvflash checks
     it against each call it is given to (the whole problem when the tensor comes from here)."""
     device_type, device_id = fw.device_of(cache_seqlens)
-    left, right = window_size
+    left, right = _ext.window_pair(window_size)
     # The plan is made on the host: lengths on a GPU are read back once per batch.
     plan = _ext.get_scheduler_metadata(
         int(batch_size), int(max_seqlen_q), int(max_seqlen_k), int(num_heads_q), int(num_heads_kv),
         int(headdim), fw.on_host(cache_seqlens), fw.dtype_code(qkv_dtype),
         None if headdim_v is None else int(headdim_v), fw.on_host(cu_seqlens_q),
         fw.on_host(cu_seqlens_k_new), fw.on_host(cache_leftpad),
-        None if page_size is None else int(page_size), int(max_seqlen_k_new),
-        bool(causal), -1 if left is None else int(left), -1 if right is None else int(right),
-        int(attention_chunk or 0), bool(has_softcap), int(num_splits),
-        None if pack_gqa is None else bool(pack_gqa), int(sm_margin), False, device_type, device_id)
+        None if page_size is None else int(page_size), int(max_seqlen_k_new or 0),
+        bool(causal), left, right, int(attention_chunk or 0), bool(has_softcap),
+        int(num_splits or 0), None if pack_gqa is None else bool(pack_gqa), int(sm_margin or 0),
+        False, device_type, device_id)
     metadata = fw.int32_tensor(plan.to_fa3(), cache_seqlens)
     _remember_plan(metadata, plan)
     return metadata

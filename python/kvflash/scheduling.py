@@ -17,8 +17,9 @@ What it fixes in the wrapper it descends from (kvflash spec section 12, items 4-
 * The active batch lives in a contextvars.ContextVar, not a module global: two backends, two
   threads or two asyncio tasks never see each other's batch.
 * A batch's metadata dies with it (each batch has a generation); nothing is reused across batches.
-* Each Plan is checked against the call it is given to by the C++ library (every PlanKey field),
-  so a key that missed a field would be an error, never a silent misuse.
+* Each Plan is checked against the call it is given to by the C++ library (python/README.md,
+  "Scheduler metadata"): a key that missed a field would give a plan the call refuses (naming the
+  field) or replaces by its own, never a silent misuse.
 
 CUDA-graph mode (``SchedulingBackend(cuda_graph=True, max_batch_size=N)``) keeps each
 configuration's metadata in a fixed-capacity int32 buffer (FA3's layout, capacity for N

@@ -2,6 +2,8 @@
 
 #include <cstring>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "kvflash/errors.h"
 
@@ -46,18 +48,34 @@ bool to_bool(nb::handle obj) {
   return v != 0;
 }
 
-void read_window(nb::handle obj, KvCacheArgs& args) {
-  if (!PySequence_Check(obj.ptr()) || PySequence_Size(obj.ptr()) != 2)
-    wrong_type("window_size", "a pair (left, right)", obj);
-  nb::object left = nb::steal(PySequence_GetItem(obj.ptr(), 0));
-  nb::object right = nb::steal(PySequence_GetItem(obj.ptr(), 1));
-  // FA4-style callers write None for an unbounded side.
-  args.window_left = left.is_none() ? -1 : to_int(left, "window_size");
-  args.window_right = right.is_none() ? -1 : to_int(right, "window_size");
+}  // namespace
+
+std::pair<int, int> window_pair(nb::handle obj) {
+  if (obj.is_none()) return {-1, -1};
+  const char* expected = "a pair (left, right) of ints";
+  const Py_ssize_t size = PyUnicode_Check(obj.ptr()) ? -1 : PyObject_Length(obj.ptr());
+  if (size < 0) PyErr_Clear();  // no length (an int, a 0-d tensor): not a pair
+  if (size != 2) wrong_type("window_size", expected, obj);
+  const auto side = [&](long i) {
+    // PyObject_GetItem reaches sequences and the tensors / arrays that index by mapping alike.
+    nb::object item = nb::steal(PyObject_GetItem(obj.ptr(), nb::int_(i).ptr()));
+    if (!item.is_valid()) throw nb::python_error();
+    if (item.is_none()) return -1;  // FA4-style callers write None for an unbounded side
+    // An integer scalar of any framework (a one-element integer tensor too) has __index__.
+    nb::object index = nb::steal(PyIndex_Check(item.ptr()) ? PyNumber_Index(item.ptr()) : nullptr);
+    if (!index.is_valid()) {
+      PyErr_Clear();
+      wrong_type("window_size", expected, obj);
+    }
+    return to_int(index, "window_size");
+  };
+  return {side(0), side(1)};
 }
 
-// A Plan (typed metadata: the call checks the whole problem it was made for) or an int32
-// tensor in FA3's layout (checked for length and against this call's lengths).
+namespace {
+
+// A Plan (typed metadata: core::accept_plan checks the problem it was made for) or an int32
+// tensor in FA3's layout (checked for length and the range of each entry).
 void read_metadata(nb::handle metadata, TensorImporter& importer, KvCacheArgs& args) {
   if (nb::isinstance<Plan>(metadata))
     args.plan = nb::inst_ptr<Plan>(metadata);
@@ -120,14 +138,15 @@ KvCacheArgs call_args(nb::handle call, TensorImporter& importer) {
   if (!at(kSoftmaxScale).is_none())
     a.softmax_scale = static_cast<float>(to_double(at(kSoftmaxScale), "softmax_scale"));
   a.causal = to_bool(at(kCausal));
-  read_window(at(kWindowSize), a);
+  std::tie(a.window_left, a.window_right) = window_pair(at(kWindowSize));
   a.attention_chunk = at(kAttentionChunk).is_none() ? 0 : to_int(at(kAttentionChunk), "attention_chunk");
-  a.softcap = static_cast<float>(to_double(at(kSoftcap), "softcap"));
+  // None reads as FA3's default for these scalars (0: no softcap, no margin), as engines pass it.
+  if (!at(kSoftcap).is_none()) a.softcap = static_cast<float>(to_double(at(kSoftcap), "softcap"));
   a.rotary_interleaved = to_bool(at(kRotaryInterleaved));
   read_metadata(at(kSchedulerMetadata), importer, a);
   a.num_splits = at(kNumSplits).is_none() ? 0 : to_int(at(kNumSplits), "num_splits");
   if (!at(kPackGqa).is_none()) a.pack_gqa = to_bool(at(kPackGqa));
-  a.sm_margin = to_int(at(kSmMargin), "sm_margin");
+  a.sm_margin = at(kSmMargin).is_none() ? 0 : to_int(at(kSmMargin), "sm_margin");
   a.sinks = importer.optional(at(kSinks), "sinks");
   a.only_qv = to_bool(at(kOnlyQv));
   a.checked = to_bool(at(kChecked));

@@ -6,6 +6,7 @@
 #include <nanobind/nanobind.h>
 
 #include <string>
+#include <utility>
 
 #include "kvflash/args.h"
 #include "kvflash/plan.h"
@@ -21,6 +22,11 @@ enum CallField : int {
   kSoftcap, kRotaryInterleaved, kSchedulerMetadata, kNumSplits, kPackGqa, kSmMargin, kSinks,
   kOnlyQv, kChecked, kCallFieldCount
 };
+
+// window_size as (left, right): any pair of integers (tuple, list, 2-element torch tensor or numpy
+// array, Python / numpy / torch integer scalars), None for an unbounded side or for no window.
+// A TypeError naming window_size otherwise.
+std::pair<int, int> window_pair(nb::handle window_size);
 
 // Builds the arguments; tensors are imported through `importer` (which keeps what it made
 // alive). scheduler_metadata may be a Plan (typed metadata) or an int32 tensor (FA3's layout).

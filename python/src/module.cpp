@@ -4,6 +4,7 @@
 // FA3's Python conventions live in flash_attn_interface.py.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -270,6 +271,7 @@ NB_MODULE(_kvflash, m) {
         },
         nb::arg("call"));
   m.def("make_plan", &call_make_plan, nb::arg("call"));
+  m.def("window_pair", &window_pair, nb::arg("window_size").none());
   m.def("get_scheduler_metadata", &scheduler_metadata, nb::arg("batch_size"),
         nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("num_heads_q"),
         nb::arg("num_heads_kv"), nb::arg("headdim"), nb::arg("cache_seqlens").none(),

@@ -65,10 +65,7 @@ Problem prepare(const KvCacheArgs& args) {
 
 // The caller's Plan, or FA3's int32 metadata, or a fresh plan.
 Plan plan_for(const Problem& p) {
-  if (p.args.plan) {
-    core::check_plan(*p.args.plan, p);
-    return *p.args.plan;
-  }
+  if (p.args.plan) return core::accept_plan(*p.args.plan, p);
   if (!p.args.scheduler_metadata) return core::make_plan(p);
   const TensorView& metadata = *p.args.scheduler_metadata;
   Plan plan = core::plan_from_metadata(metadata, p);  // dtype, device, length (+ entries on the host)
@@ -227,19 +224,14 @@ void check_combine(const TensorView& out_partial, const TensorView& lse_partial,
 
 OutputSpec output_spec(const KvCacheArgs& args, const Plan* plan) {
   const Problem p = prepare(args);
-  if (plan) {
-    core::check_plan(*plan, p);
-    return spec_for(p, plan->num_splits);
-  }
-  return spec_for(p, plan_for(p).num_splits);
+  return spec_for(p, plan ? core::accept_plan(*plan, p).num_splits : plan_for(p).num_splits);
 }
 
 Plan make_plan(const KvCacheArgs& args) { return core::make_plan(prepare(args)); }
 
 size_t workspace_size(const KvCacheArgs& args, const Plan& plan) {
   const Problem p = prepare(args);
-  core::check_plan(plan, p);
-  return core::backend_for(p.device).workspace_size(p, plan);
+  return core::backend_for(p.device).workspace_size(p, core::accept_plan(plan, p));
 }
 
 struct PreparedCall::State {

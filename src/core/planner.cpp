@@ -35,44 +35,37 @@ std::vector<SeqLengths> sequence_lengths(const Problem& p) {
   throw Error(ErrorKind::invalid_value, "scheduler_metadata", message);
 }
 
-// A typed Plan's fields are public: a caller may have edited its static decisions. They must be
-// the ones this call's key gives, since out_accum and the kernels are sized by them.
-void check_static_decisions(const Plan& plan, const Plan& expected) {
-  if (!(plan.kernel == expected.kernel)) {
-    const auto show = [](const KernelChoice& k) {
-      return std::string(family_name(k.family)) + " " + shape_name(k.shape) + " " +
-             std::to_string(k.headdim) + "x" + std::to_string(k.headdim_v);
-    };
-    reject("scheduler_metadata: kernel is " + show(plan.kernel) + ", but this call's plan has " +
-           show(expected.kernel));
-  }
-  const auto same = [](const char* name, int got, int want) {
-    if (got != want) {
-      reject("scheduler_metadata: " + std::string(name) + " is " + std::to_string(got) +
-             ", but this call's plan has " + std::to_string(want));
-    }
-  };
-  same("block_m", plan.block_m, expected.block_m);
-  same("block_n", plan.block_n, expected.block_n);
-  same("num_splits", plan.num_splits, expected.num_splits);
-  same("pack_gqa", plan.pack_gqa, expected.pack_gqa);
-  same("is_causal", plan.is_causal, expected.is_causal);
-  same("is_local", plan.is_local, expected.is_local);
-  same("has_semaphore", plan.has_semaphore, expected.has_semaphore);
+// The static decisions of a Plan, named, in the order a refusal reports them.
+struct Decision {
+  const char* name;
+  int plan_value, call_value;
+};
+std::vector<Decision> decisions(const Plan& given, const Plan& own) {
+  return {{"block_m", given.block_m, own.block_m},
+          {"block_n", given.block_n, own.block_n},
+          {"num_splits", given.num_splits, own.num_splits},
+          {"pack_gqa", given.pack_gqa, own.pack_gqa},
+          {"is_causal", given.is_causal, own.is_causal},
+          {"is_local", given.is_local, own.is_local},
+          {"has_semaphore", given.has_semaphore, own.has_semaphore}};
 }
 
-// num_m_blocks tells the kernels how many query tiles each sequence has: it must match this
-// call's query lengths, or rows would be skipped or read past.
-void check_m_blocks(const Plan& plan, const Problem& p) {
-  const std::vector<SeqLengths> lengths = sequence_lengths(p);
-  for (size_t b = 0; b < lengths.size(); ++b) {
-    const int want = num_m_blocks(plan, lengths[b].seqlen_q);
-    if (plan.num_m_blocks[b] != want) {
-      reject("scheduler_metadata: num_m_blocks[" + std::to_string(b) + "] is " +
-             std::to_string(plan.num_m_blocks[b]) + ", but sequence " + std::to_string(b) +
-             " of this call has " + std::to_string(lengths[b].seqlen_q) + " query rows (" +
-             std::to_string(want) + " blocks); the plan was made for other lengths");
+// The given plan's static decisions must be the ones this call makes itself: out_accum, the
+// tiles and FA3's layout are sized by them. A difference is reported through the first PlanKey
+// field that differs (the cause), or, when the keys agree, as an edited decision.
+void check_static_decisions(const Plan& given, const Plan& own) {
+  for (const Decision& d : decisions(given, own)) {
+    if (d.plan_value == d.call_value) continue;
+    const std::string field = first_difference(given.key, own.key);
+    const std::string values = " (the plan's " + std::to_string(d.plan_value) +
+                               ", this call's " + std::to_string(d.call_value) + ")";
+    if (field.empty()) {
+      reject("scheduler_metadata: " + std::string(d.name) + " is " +
+             std::to_string(d.plan_value) + ", but this call's plan has " +
+             std::to_string(d.call_value));
     }
+    reject("scheduler_metadata was made for a different problem: " + field + ", which changes " +
+           d.name + values);
   }
 }
 
@@ -111,15 +104,33 @@ Plan make_plan(const Problem& p) {
   return plan;
 }
 
-void check_plan(const Plan& plan, const Problem& p) {
-  if (!(plan.key == p.key)) {
-    std::string field = first_difference(plan.key, p.key);
-    if (field.empty()) field = "a PlanKey field";
-    reject("scheduler_metadata was made for a different problem: " + field);
+// The compatibility rule (python/README.md, "Scheduler metadata"): per PlanKey field,
+//
+//   batch                        equal: the per-sequence vectors and FA3's layout are per sequence
+//   every other field            compatible: any value whose static decisions (block_m, block_n,
+//     (max_seqlen_q/_k, heads,     num_splits, pack_gqa, is_causal, is_local, has_semaphore) are
+//     head dims, dtype, paging,    the ones this call makes itself. These fields only feed those
+//     max_seqlen_k_new, varlen,    decisions (spec 6); equal decisions mean equal kernels, tiles,
+//     leftpad, mask, softcap, qv,  out_accum and layout.
+//     requests, sm_margin, device)
+//   per-sequence vectors         bounded: each entry in range for the plan (splits in
+//                                [1, num_splits], m blocks within max_seqlen_q's, a permutation,
+//                                heads in L2 within the heads), so that nothing is out of bounds;
+//                                the values run are this call's own (recomputed from its lengths
+//                                here, or on the device by the CUDA backend).
+//
+// Hence an accepted plan gives exactly the result of planning the call itself (same splits per
+// sequence, same output), and a refusal names the field that would change it.
+Plan accept_plan(const Plan& plan, const Problem& p) {
+  if (plan.key.batch != p.key.batch) {
+    // batch is PlanKey's first field: the difference names it.
+    reject("scheduler_metadata was made for a different problem: " +
+           first_difference(plan.key, p.key));
   }
-  check_static_decisions(plan, static_plan(p.key));
+  Plan own = make_plan(p);
+  check_static_decisions(plan, own);
   check_plan_vectors(plan);
-  if (lengths_on_host(p)) check_m_blocks(plan, p);
+  return own;
 }
 
 Plan plan_from_metadata(const TensorView& metadata, const Problem& p, const int32_t* values) {
@@ -146,9 +157,10 @@ Plan plan_from_metadata(const TensorView& metadata, const Problem& p, const int3
     throw Error(ErrorKind::invalid_value, name, "scheduler_metadata must be contiguous");
   }
   if (!values) return make_plan(p);
-  Plan plan = Plan::from_fa3(values, expected, p.key);
-  check_plan(plan, p);
-  return plan;
+  // The entries are checked (a malformed tensor is refused); the call then runs with its own
+  // per-sequence vectors, as with a typed plan (accept_plan).
+  Plan::from_fa3(values, expected, p.key);
+  return make_plan(p);
 }
 
 }  // namespace kvflash::core

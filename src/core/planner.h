@@ -21,18 +21,22 @@ PlanKey plan_key(const Problem& p, const DeviceInfo& info);
 // the static decisions and per-batch vectors filled from the static bounds).
 Plan make_plan(const Problem& p);
 
-// A caller's Plan must match this call: first the key (Error naming the first field that
-// differs), then the vectors (lengths, ranges). Throws Error(invalid_value, "scheduler_metadata").
-void check_plan(const Plan& plan, const Problem& p);
+// A caller's Plan serves this call when it was made for the same batch size and its static
+// decisions are the ones the call makes itself; its per-sequence vectors must be in range.
+// Returns the plan the call runs with: the call's own (make_plan), so the result is exactly that
+// of planning the call itself. Otherwise throws Error(invalid_value, "scheduler_metadata") naming
+// the PlanKey field (or edited decision, or vector entry) at fault. The rule per field is in
+// planner.cpp beside accept_plan.
+Plan accept_plan(const Plan& plan, const Problem& p);
 
 // FA3's int32 scheduler_metadata tensor, passed back: dtype, device and length must match the
 // layout this call needs. `values` are its entries in host memory (the tensor's own data when it
-// lives on the host, a copy in checked mode), each checked; returns the Plan they encode. With
-// values == nullptr (device memory, unchecked) the entries are not read here: the static
-// decisions come from this problem's key, and the CUDA kernels read the per-sequence split
-// counts at the tensor's start clamped to [1, num_splits] (attention and combine alike, so any
-// value partitions the keys consistently), so whatever it holds cannot steer a kernel outside
-// its tensors or change the result.
+// lives on the host, a copy in checked mode), each checked (a malformed tensor is refused); the
+// call's own plan is returned, as accept_plan does for a typed Plan. With values == nullptr
+// (device memory, unchecked) the entries are not read here: the static decisions come from this
+// problem's key, and the CUDA kernels read the per-sequence split counts at the tensor's start
+// clamped to [1, num_splits] (attention and combine alike, so any value partitions the keys
+// consistently), so whatever it holds cannot steer a kernel outside its tensors.
 Plan plan_from_metadata(const TensorView& metadata, const Problem& p, const int32_t* values);
 // The entries read in place when the tensor is in host memory, not read when on a device.
 inline Plan plan_from_metadata(const TensorView& metadata, const Problem& p) {

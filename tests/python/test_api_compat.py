@@ -40,6 +40,8 @@ VARLEN = [
     ("v_descale", None), ("window_size", (-1, -1)), ("attention_chunk", 0), ("softcap", 0.0),
     ("num_splits", 1), ("pack_gqa", None), ("deterministic", False), ("sm_margin", 0),
     ("return_attn_probs", False),
+    # extras: a paged K/V (FA4 and sgl-kernel), sgl-kernel's return_softmax_lse
+    ("page_table", None), ("return_softmax_lse", False),
 ]
 
 SCHEDULER = [
@@ -153,3 +155,13 @@ def test_call_tuple_order_agrees_with_the_extension():
     # FA3's arguments keep FA3's order in the tuple.
     fa3 = [name for name, _ in KVCACHE[: KVCACHE.index(("return_softmax_lse", False))]]
     assert [f for f in _call.FIELDS if f in fa3] == fa3
+
+
+def test_call_fields_are_given_by_name():
+    from kvflash import _call
+
+    call = _call.make(q=1, causal=True)
+    assert len(call) == len(_call.FIELDS) and call[_call.Q] == 1 and call[_call.CAUSAL] is True
+    assert call[_call.WINDOW_SIZE] == (-1, -1) and call[_call.CHECKED] is False
+    with pytest.raises(TypeError, match="^internal: not a call field: k_new"):
+        _call.make(q=1, k_new=2)

@@ -132,8 +132,11 @@ def test_varlen_errors():
     cu = np.array([0, 2, 4], np.int32)
     with pytest.raises(ValueError, match="^max_seqlen_q and max_seqlen_k are required for FA3"):
         fai.flash_attn_varlen_func(q, q, q, cu, cu, None, None)
-    with pytest.raises(NotImplementedError, match="seqused_q"):
-        fai.flash_attn_varlen_func(q, q, q, cu, cu, 2, 2, seqused_q=np.array([1, 1], np.int32))
+    with pytest.raises(ValueError, match=r"^seqused_q\[1\] is 3, expected a value in \[0, 2\]"):
+        fai.flash_attn_varlen_func(q, q, q, cu, cu, 2, 2, seqused_q=np.array([1, 3], np.int32))
+    with pytest.raises(ValueError, match="^flash_attn_varlen_func needs seqused_k or cu_seqlens_k"):
+        fai.flash_attn_varlen_func(q, q[None], q[None], cu, None, 2, None,
+                                   page_table=np.zeros((2, 1), np.int32))
 
 
 @pytest.mark.skipif(ml_dtypes is None, reason="needs ml_dtypes")

@@ -91,9 +91,7 @@ def test_shapes_dtype_and_lengths_separate_configurations():
     q = rng.standard_normal((B, 1, H, D)).astype(np.float32)
     layer = make_layers(rng, 1)[0]
     lengths = np.array([5, 40, 64], dtype=np.int32)
-    base = _call.make(q, layer[0], layer[1], None, None, None, None, None, lengths, None,
-                           None, None, None, None, None, None, None, None, None, None, True,
-                           (-1, -1), 0, 0.0, True, None, 0, None, 0, None, False)
+    base = _call.make(q=q, k_cache=layer[0], v_cache=layer[1], cache_seqlens=lengths, causal=True)
     key = scheduling.configuration_key(base)
 
     def changed(position, value):
@@ -125,10 +123,8 @@ def test_metadata_of_a_previous_batch_is_never_used(batch_inputs, seen_metadata)
     assert second.generation != first.generation
     assert first.closed and first.computations == 1 and second.computations == 1
     assert seen_metadata[0] is not seen_metadata[1]
-    fresh = fai._ext.make_plan(_call.make(
-        q, layers[0][0], layers[0][1], None, None, None, None, None, seqlens, None, None, None, None,
-        None, None, None, None, None, None, None, True, (-1, -1), 0, 0.0, True, None, 0, None, 0,
-        None, False))
+    fresh = fai._ext.make_plan(_call.make(q=q, k_cache=layers[0][0], v_cache=layers[0][1],
+                                          cache_seqlens=seqlens, causal=True))
     assert seen_metadata[1].to_fa3() == fresh.to_fa3()
     # Outside any batch nothing is injected.
     decode(q, layers[0], seqlens)
@@ -240,9 +236,8 @@ def test_cuda_graph_mode_refills_fixed_buffers_in_place(batch_inputs, seen_metad
 
     seqlens[:] = [64, 3, 9]  # new lengths for the replay, written in place
     assert backend.refill("bs3") == 1
-    call = _call.make(q, layers[0][0], layers[0][1], None, None, None, None, None, seqlens,
-                           None, None, None, None, None, None, None, None, None, None, None, True,
-                           (-1, -1), 0, 0.0, True, None, 0, None, 0, None, False)
+    call = _call.make(q=q, k_cache=layers[0][0], v_cache=layers[0][1], cache_seqlens=seqlens,
+                      causal=True)
     expected = fai._ext.make_plan(call).to_fa3()
     np.testing.assert_array_equal(buffer[: len(expected)], expected)
     # A replayed call reads the refilled buffer, and the results follow the new lengths.

@@ -1,4 +1,4 @@
-"""torch tensors: CPU and CUDA calls, in-place cache updates, the forward-only guard,
+"""torch tensors: CPU and CUDA calls, in-place cache updates,
 torch.compile(fullgraph=True) through the custom op, and CUDA-graph capture of a decode step.
 Skipped where torch is absent; the CUDA tests need a GPU and kvflash's CUDA backend."""
 
@@ -151,19 +151,7 @@ def test_the_wrapper_builds_the_call_in_call_args_order(monkeypatch):
     seen = []
     monkeypatch.setattr(fai._ext, "fwd", lambda call, out, return_lse: seen.append(call))
     fai.flash_attn_with_kvcache(**values)
-    assert seen == [_call.make(*[values[name] for name in names])]
-
-
-def test_forward_only_guard():
-    q = torch.randn(1, 4, 2, 32, requires_grad=True)
-    k = torch.randn(1, 4, 2, 32)
-    with pytest.raises(RuntimeError, match="forward only"):
-        fai.flash_attn_func(q, k, k)
-    with torch.no_grad():
-        assert fai.flash_attn_func(q, k, k).shape == (1, 4, 2, 32)
-    with pytest.raises(RuntimeError, match="forward only"):
-        fai.flash_attn_varlen_func(q[0], k[0], k[0], torch.tensor([0, 4], dtype=torch.int32),
-                                   torch.tensor([0, 4], dtype=torch.int32), 4, 4)
+    assert seen == [_call.make(**values)]
 
 
 def test_scheduler_metadata_is_a_torch_int32_tensor():
