@@ -1,5 +1,5 @@
 // `kvflash check`: a quick randomized self-test. Each case is a random call from the oracle's
-// generator (tests/oracle/random_case.h), run through the library and compared with the float64
+// generator (src/oracle/random_case.h), run through the library and compared with the float64
 // oracle: outputs, LSE, split partials, appended and untouched cache rows, read-only inputs.
 #include <chrono>
 #include <cstdio>
