@@ -17,8 +17,9 @@ KVFLASH_CUDA="${KVFLASH_CUDA:-AUTO}"
 PYTHON_PINS=(numpy==2.4.6 pytest==9.2.0 ml_dtypes==0.7.0 nanobind==3.1.0 scikit-build-core==1.1.0)
 CUTLASS_PIN=nvidia-cutlass==4.2.0.0  # CUTLASS/CuTe headers for the CUDA backend, only with nvcc
 
-# pkg-config: tests/package checks the installed kvflash.pc.
-APT_PACKAGES=(cmake ninja-build g++ libgtest-dev libgmock-dev pkg-config)
+# pkg-config: tests/package checks the installed kvflash.pc. libcli11-dev, nlohmann-json3-dev: the
+# kvflash program's flags and JSON.
+APT_PACKAGES=(cmake ninja-build g++ libgtest-dev libgmock-dev pkg-config libcli11-dev nlohmann-json3-dev)
 # The Python side comes from apt only where python3 lacks it (a pyenv or venv python3 has both).
 python3 -m pip --version >/dev/null 2>&1 || APT_PACKAGES+=(python3-pip)
 python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null \
