@@ -32,7 +32,7 @@ start=$(date +%s)
 log="$OUT/build-$VARIANT.log"
 set +e
 (cd "$ROOT" && python3 -m pip wheel . --no-deps --no-build-isolation --disable-pip-version-check \
-  -v -w "$OUT/raw" "${settings[@]}") 2>&1 | tee "$log" | grep --line-buffered -E '^\[[0-9]+/[0-9]+\]|Created wheel'
+  -v -w "$OUT/raw" "${settings[@]}") 2>&1 | tee "$log" | grep --line-buffered -E '^ *\[[0-9]+/[0-9]+\]|Created wheel'
 status=${PIPESTATUS[0]}
 set -e
 if [ "$status" -ne 0 ]; then
