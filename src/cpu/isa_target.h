@@ -35,7 +35,9 @@
 // GCC 12 warns inside its own AVX-512 intrinsics (they pass an undefined vector as the unused
 // masked-off source; GCC bug 105593): silence that one warning for the intrinsics' lines only.
 #pragma GCC diagnostic push
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #endif
