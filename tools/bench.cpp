@@ -9,13 +9,16 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <thread>
 
+#include "about.h"
 #include "commands.h"
 #include "device.h"
 #include "kvflash/kvflash.h"
+#include "options.h"
 #include "workload.h"
 
 namespace kvflash::tools {
@@ -38,51 +41,60 @@ struct BenchConfig {
   std::string device = "auto";
   int repeats = 7;
   int warmup = 2;
-  int64_t min_working_set = int64_t(1024) << 20;  // decode rows cycle through this many bytes
-  int64_t bandwidth_bytes = int64_t(3072) << 20;
+  int64_t min_working_set_mib = 1024;  // decode rows cycle through this many MiB
+  int64_t bandwidth_mib = 3072;
+  bool quick = false;
   std::string format = "csv";
   std::string out_path;
 };
 
-BenchConfig parse_bench_config(Options& options) {
-  BenchConfig c;
-  if (options.flag("quick")) {
-    c.batches = {1, 8};
-    c.contexts = {512, 4096};
-    c.prefill_lengths = {256, 1024};
-    c.dtypes = {DType::bf16};
-    c.repeats = 3;
-    c.warmup = 1;
-    c.min_working_set = int64_t(256) << 20;
-    c.bandwidth_bytes = int64_t(1024) << 20;
+// Flags bound to `c`; --quick's smaller grid applies after parsing, to the flags not given.
+void add_bench_flags(CLI::App& command, BenchConfig& c, std::string& format) {
+  add_integer_list(command, "--batch", c.batches, "decode batch sizes [1,8,16]");
+  add_integer_list(command, "--context", c.contexts, "decode context lengths [1024,4096,16384]");
+  add_integer_list(command, "--prefill", c.prefill_lengths, "prefill lengths [512,2048,4096] (none: no prefill rows)");
+  command.add_option("--prefill-batch", c.prefill_batch, "prompts per prefill row")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  add_dtype_list(command, "--dtype", c.dtypes, "dtypes [bf16,fp16]");
+  command.add_option("--heads", c.shape.heads, "query heads")->check(CLI::Range(1, 1024))->capture_default_str();
+  command.add_option("--kv-heads", c.shape.kv_heads, "KV heads")->check(CLI::Range(1, 1024))->capture_default_str();
+  command.add_option("--head-dim", c.shape.head_dim, "head dim")->check(CLI::Range(8, 512))->capture_default_str();
+  command.add_option("--page-size", c.page_size, "cache page size (0: a dense cache)")
+      ->check(CLI::Range(0, 1 << 16))->capture_default_str();
+  command.add_option("--threads", c.threads, "CPU threads (0: all)")->check(CLI::Range(0, 4096))->capture_default_str();
+  command.add_option("--num-splits", c.num_splits, "the calls' num_splits (0: the planner's heuristic)")
+      ->check(CLI::Range(0, 256))->capture_default_str();
+  command.add_flag("--non-causal{false}", c.causal, "prefill rows see every key (default: causal)");
+  add_device(command, c.device);
+  command.add_option("--repeats", c.repeats, "timed passes per row (the median is reported)")
+      ->check(CLI::Range(1, 1000))->capture_default_str();
+  command.add_option("--warmup", c.warmup, "untimed passes first")->check(CLI::Range(0, 1000))->capture_default_str();
+  command.add_option("--min-working-set-mib", c.min_working_set_mib, "decode rows cycle through this much K/V")
+      ->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  command.add_option("--bandwidth-mib", c.bandwidth_mib, "buffer of the memory ceiling")
+      ->check(CLI::Range(16, 1 << 20))->capture_default_str();
+  command.add_option("--format", format, "csv or json (default: json when --out ends in .json)")
+      ->check(CLI::IsMember({"csv", "json"}));
+  command.add_option("--out", c.out_path, "write the rows to this file");
+  command.add_flag("--quick", c.quick, "a small grid, for a smoke test (flags given still apply)");
+}
+
+void finish_bench_config(const CLI::App& command, BenchConfig& c, const std::string& format) {
+  const auto given = [&](const char* name) { return command.count(name) > 0; };
+  if (c.quick) {
+    if (!given("--batch")) c.batches = {1, 8};
+    if (!given("--context")) c.contexts = {512, 4096};
+    if (!given("--prefill")) c.prefill_lengths = {256, 1024};
+    if (!given("--dtype")) c.dtypes = {DType::bf16};
+    if (!given("--repeats")) c.repeats = 3;
+    if (!given("--warmup")) c.warmup = 1;
+    if (!given("--min-working-set-mib")) c.min_working_set_mib = 256;
+    if (!given("--bandwidth-mib")) c.bandwidth_mib = 1024;
   }
-  c.batches = options.integers("batch", c.batches);
-  c.contexts = options.integers("context", c.contexts);
-  c.prefill_lengths = options.integers("prefill", c.prefill_lengths);
-  c.prefill_batch = options.integer("prefill-batch", c.prefill_batch, 1, 4096);
-  std::vector<std::string> dtype_names;
-  for (DType d : c.dtypes) dtype_names.push_back(short_dtype_name(d));
-  c.dtypes.clear();
-  for (const std::string& name : options.texts("dtype", dtype_names)) c.dtypes.push_back(parse_dtype(name));
-  c.shape.heads = options.integer("heads", c.shape.heads, 1, 1024);
-  c.shape.kv_heads = options.integer("kv-heads", c.shape.kv_heads, 1, 1024);
-  c.shape.head_dim = options.integer("head-dim", c.shape.head_dim, 8, 512);
   c.shape.head_dim_v = c.shape.head_dim;
-  c.page_size = options.integer("page-size", c.page_size, 0, 1 << 16);  // 0: dense cache
-  c.threads = int(options.integer("threads", 0, 0, 4096));
-  c.num_splits = int(options.integer("num-splits", 0, 0, 256));
-  c.causal = !options.flag("non-causal");
-  c.device = options.text("device", c.device);
-  c.repeats = int(options.integer("repeats", c.repeats, 1, 1000));
-  c.warmup = int(options.integer("warmup", c.warmup, 0, 1000));
-  c.min_working_set = options.integer("min-working-set-mib", c.min_working_set >> 20, 0, 1 << 20) << 20;
-  c.bandwidth_bytes = options.integer("bandwidth-mib", c.bandwidth_bytes >> 20, 16, 1 << 20) << 20;
-  c.out_path = options.text("out", "");
   const bool json_path = c.out_path.size() > 5 && c.out_path.substr(c.out_path.size() - 5) == ".json";
-  c.format = options.text("format", json_path ? "json" : "csv");
-  if (c.format != "csv" && c.format != "json") throw UsageError{"--format must be csv or json"};
+  c.format = !format.empty() ? format : json_path ? "json" : "csv";
   if (c.shape.heads % c.shape.kv_heads != 0) throw UsageError{"--heads must be a multiple of --kv-heads"};
-  return c;
 }
 
 struct BenchRow {
@@ -245,51 +257,61 @@ void print_table(const std::vector<BenchRow>& rows, const Ceilings& ceilings) {
               ceilings.bandwidth_what.c_str(), ceilings.matmul_gflops, ceilings.matmul_what.c_str());
 }
 
+// A CSV field: quoted, inner quotes doubled.
+std::string csv_quoted(const std::string& text) {
+  std::string quoted = "\"";
+  for (char ch : text) quoted += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+  return quoted + "\"";
+}
+
+// One line per row; what produced them (version, commit, CPU, device, command) in every line's
+// last columns so that a row copied elsewhere keeps them.
 void write_csv(std::ostream& out, const std::vector<BenchRow>& rows, const BenchConfig& c,
-               const Ceilings& ceilings, const std::string& device) {
+               const Ceilings& ceilings, const nlohmann::json& about) {
   out << "kind,dtype,batch,seqlen_q,context,heads,kv_heads,head_dim,page_size,layers,median_ms,"
-         "min_ms,kv_gbs,pct_bandwidth,gflops,pct_matmul,ceiling_bandwidth_gbs,ceiling_matmul_gflops,device\n";
+         "min_ms,kv_gbs,pct_bandwidth,gflops,pct_matmul,ceiling_bandwidth_gbs,ceiling_matmul_gflops,device,"
+         "version,commit,cpu,cpu_isa,command\n";
+  const std::string tail = csv_quoted(about["device"]) + "," + csv_quoted(about["version"]) + "," +
+                           csv_quoted(about["commit"]) + "," + csv_quoted(about["cpu"]) + "," +
+                           csv_quoted(about["cpu_isa"]) + "," + csv_quoted(about["command"]);
   for (const BenchRow& r : rows) {
     out << r.kind << ',' << short_dtype_name(r.dtype) << ',' << r.batch << ',' << r.seqlen_q << ','
         << r.context << ',' << c.shape.heads << ',' << c.shape.kv_heads << ',' << c.shape.head_dim
         << ',' << c.page_size << ',' << r.layers << ',' << r.median_ms << ',' << r.min_ms << ','
         << r.gbs << ',' << r.pct_bandwidth << ',' << r.gflops << ',' << r.pct_matmul << ','
-        << ceilings.bandwidth_gbs << ',' << ceilings.matmul_gflops << ",\"" << device << "\"\n";
+        << ceilings.bandwidth_gbs << ',' << ceilings.matmul_gflops << ',' << tail << '\n';
   }
 }
 
+// nlohmann::json writes a non-finite number (a ceiling that could not be measured) as null.
 void write_json(std::ostream& out, const std::vector<BenchRow>& rows, const BenchConfig& c,
-                const Ceilings& ceilings, const std::string& device) {
-  out << "{\n  \"device\": \"" << device << "\",\n  \"heads\": " << c.shape.heads
-      << ",\n  \"kv_heads\": " << c.shape.kv_heads << ",\n  \"head_dim\": " << c.shape.head_dim
-      << ",\n  \"page_size\": " << c.page_size << ",\n  \"ceiling_bandwidth_gbs\": " << ceilings.bandwidth_gbs
-      << ",\n  \"ceiling_matmul_gflops\": " << ceilings.matmul_gflops
-      << ",\n  \"load_average_at_start\": " << ceilings.load_before
-      << ",\n  \"load_average_at_end\": " << load_average() << ",\n  \"rows\": [\n";
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const BenchRow& r = rows[i];
-    out << "    {\"kind\": \"" << r.kind << "\", \"dtype\": \"" << short_dtype_name(r.dtype)
-        << "\", \"batch\": " << r.batch << ", \"seqlen_q\": " << r.seqlen_q
-        << ", \"context\": " << r.context << ", \"layers\": " << r.layers
-        << ", \"median_ms\": " << r.median_ms << ", \"min_ms\": " << r.min_ms
-        << ", \"kv_gbs\": " << r.gbs << ", \"pct_bandwidth\": " << r.pct_bandwidth
-        << ", \"gflops\": " << r.gflops << ", \"pct_matmul\": " << r.pct_matmul << "}"
-        << (i + 1 < rows.size() ? ",\n" : "\n");
+                const Ceilings& ceilings, const nlohmann::json& about) {
+  nlohmann::json doc = about;
+  doc.update({{"heads", c.shape.heads},
+              {"kv_heads", c.shape.kv_heads},
+              {"head_dim", c.shape.head_dim},
+              {"page_size", c.page_size},
+              {"ceiling_bandwidth_gbs", ceilings.bandwidth_gbs},
+              {"ceiling_matmul_gflops", ceilings.matmul_gflops},
+              {"load_average_at_start", ceilings.load_before},
+              {"load_average_at_end", load_average()},
+              {"rows", nlohmann::json::array()}});
+  for (const BenchRow& r : rows) {
+    doc["rows"].push_back({{"kind", r.kind}, {"dtype", short_dtype_name(r.dtype)}, {"batch", r.batch},
+                           {"seqlen_q", r.seqlen_q}, {"context", r.context}, {"layers", r.layers},
+                           {"median_ms", r.median_ms}, {"min_ms", r.min_ms}, {"kv_gbs", r.gbs},
+                           {"pct_bandwidth", r.pct_bandwidth}, {"gflops", r.gflops}, {"pct_matmul", r.pct_matmul}});
   }
-  out << "  ]\n}\n";
+  out << doc.dump(2) << '\n';
 }
 
-}  // namespace
-
-int bench_command(Options& options) {
-  const BenchConfig config = parse_bench_config(options);
-  options.reject_unused();
+int bench(const BenchConfig& config, const std::string& command_line) {
   std::unique_ptr<DeviceMemory> memory = make_device_memory(config.device, config.threads);
-  const std::string device = memory->description();
-  std::printf("kvflash bench: %s | %lld/%lld heads, head dim %lld, page %lld, %s\n", device.c_str(),
-              (long long)config.shape.heads, (long long)config.shape.kv_heads,
-              (long long)config.shape.head_dim, (long long)config.page_size,
-              config.causal ? "causal" : "non-causal");
+  const nlohmann::json about = provenance(memory->description(), command_line);
+  std::printf("kvflash bench: %s | %lld/%lld heads, head dim %lld, page %lld, %s\n",
+              memory->description().c_str(), (long long)config.shape.heads, (long long)config.shape.kv_heads,
+              (long long)config.shape.head_dim, (long long)config.page_size, config.causal ? "causal" : "non-causal");
+  std::printf("%s | CPU %s\n", version_text().c_str(), cpu_model().c_str());
   std::fflush(stdout);
 
   Ceilings ceilings;
@@ -297,7 +319,7 @@ int bench_command(Options& options) {
   std::printf("load average (1 min) at start: %.2f on %u hardware threads\n", ceilings.load_before,
               std::thread::hardware_concurrency());
   static_cast<DeviceCeilings&>(ceilings) =
-      memory->measure_ceilings(size_t(config.bandwidth_bytes), config.threads);
+      memory->measure_ceilings(size_t(config.bandwidth_mib) << 20, config.threads);
   std::printf("ceilings: %.2f GB/s (%s), %.1f GFLOP/s (%s)\n", ceilings.bandwidth_gbs,
               ceilings.bandwidth_what.c_str(), ceilings.matmul_gflops, ceilings.matmul_what.c_str());
   std::fflush(stdout);
@@ -307,7 +329,8 @@ int bench_command(Options& options) {
   for (DType dtype : config.dtypes) {
     for (int64_t batch : config.batches) {
       for (int64_t context : config.contexts) {
-        rows.push_back(bench_shape(*memory, config, dtype, batch, 1, context, config.min_working_set, ceilings, rng));
+        rows.push_back(bench_shape(*memory, config, dtype, batch, 1, context, config.min_working_set_mib << 20,
+                                   ceilings, rng));
         std::fprintf(stderr, "decode %s batch %lld context %lld: %.3f ms\n", short_dtype_name(dtype),
                      (long long)batch, (long long)context, rows.back().median_ms);
       }
@@ -325,13 +348,28 @@ int bench_command(Options& options) {
     std::ofstream out(config.out_path);
     if (!out) throw UsageError{"--out: cannot write '" + config.out_path + "'"};
     if (config.format == "json") {
-      write_json(out, rows, config, ceilings, device);
+      write_json(out, rows, config, ceilings, about);
     } else {
-      write_csv(out, rows, config, ceilings, device);
+      write_csv(out, rows, config, ceilings, about);
     }
     std::printf("wrote %s (%s)\n", config.out_path.c_str(), config.format.c_str());
   }
   return 0;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, CommandContext& context) {
+  auto config = std::make_shared<BenchConfig>();
+  auto format = std::make_shared<std::string>();
+  CLI::App* command = app.add_subcommand(
+      "bench", "decode and prefill sweeps beside the device's ceilings measured in the same run (CPU: memory "
+               "read, fp32 GEMM; CUDA: device copy, bf16 cuBLAS GEMM); prints a table, writes CSV or JSON");
+  add_bench_flags(*command, *config, *format);
+  command->callback([config, format, command, &context] {
+    finish_bench_config(*command, *config, *format);
+    context.status = bench(*config, context.command_line);
+  });
 }
 
 }  // namespace kvflash::tools

@@ -1,9 +1,12 @@
 // `kvflash check`: a quick randomized self-test. Each case is a random call from the oracle's
-// generator (tests/oracle/random_case.h), run through the library and compared with the float64
+// generator (src/oracle/random_case.h), run through the library and compared with the float64
 // oracle: outputs, LSE, split partials, appended and untouched cache rows, read-only inputs.
 #include <chrono>
 #include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
 
+#include "about.h"
 #include "commands.h"
 #include "kvflash/kvflash.h"
 #include "oracle/oracle.h"
@@ -20,6 +23,7 @@ struct CheckConfig {
   int threads = 0;
   bool verbose = false;
   bool coverage = false;
+  bool json = false;  // the summary as one JSON object on stdout instead of text
 };
 
 // Runs one case; returns "" when it passes, else what went wrong. Caller-owned split partials
@@ -49,24 +53,11 @@ std::string check_case(const oracle::Case& c, const RunOptions& run_options) {
                               result.first_failure + "; worst: " + result.worst;
 }
 
-}  // namespace
-
-int check_command(Options& options) {
-  CheckConfig config;
-  config.cases = options.integer("cases", config.cases, 1, int64_t(1) << 32);
-  config.seed = uint64_t(options.integer("seed", int64_t(config.seed), 0, INT64_MAX));
-  config.threads = int(options.integer("threads", 0, 0, 4096));
-  config.verbose = options.flag("verbose");
-  config.coverage = options.flag("coverage");
-  if (options.text("device", "cpu") != "cpu") {
-    throw UsageError{"kvflash check runs on the CPU (the GPU runner in tests/gpu checks CUDA)"};
-  }
-  options.reject_unused();
-
+int check(const CheckConfig& config, const std::string& command_line) {
   RunOptions run_options;
   run_options.num_threads = config.threads;
   oracle::Coverage coverage;
-  int64_t failed = 0;
+  nlohmann::json failures = nlohmann::json::array();
   const auto start = std::chrono::steady_clock::now();
   {
     Progress progress("check", config.cases);
@@ -76,22 +67,46 @@ int check_command(Options& options) {
       coverage.add(c);
       const std::string failure = check_case(c, run_options);
       if (!failure.empty()) {
-        ++failed;
-        std::printf("FAIL %s\n     %s\n", oracle::describe(c).c_str(), failure.c_str());
-      } else if (config.verbose) {
+        failures.push_back({{"seed", seed}, {"case", oracle::describe(c)}, {"failure", failure}});
+        if (!config.json) std::printf("FAIL %s\n     %s\n", oracle::describe(c).c_str(), failure.c_str());
+      } else if (config.verbose && !config.json) {
         std::printf("ok   %s\n", oracle::describe(c).c_str());
       }
       progress.update(i + 1);
     }
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (config.coverage) std::printf("%s\n", coverage.report().c_str());
-  std::printf("check: %lld passed, %lld failed (seeds %llu-%llu, %.1f s)\n",
-              (long long)(config.cases - failed), (long long)failed,
-              (unsigned long long)config.seed,
-              (unsigned long long)(config.seed + uint64_t(config.cases) - 1), seconds);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int64_t failed = int64_t(failures.size());
+  const uint64_t last_seed = config.seed + uint64_t(config.cases) - 1;
+  if (config.json) {
+    nlohmann::json summary = {{"passed", config.cases - failed}, {"failed", failed},
+                              {"seeds", {config.seed, last_seed}}, {"seconds", seconds},
+                              {"failures", failures}, {"provenance", provenance("cpu", command_line)}};
+    if (config.coverage) summary["coverage"] = coverage.report();
+    std::printf("%s\n", summary.dump(2).c_str());
+  } else {
+    if (config.coverage) std::printf("%s\n", coverage.report().c_str());
+    std::printf("check: %lld passed, %lld failed (seeds %llu-%llu, %.1f s)\n", (long long)(config.cases - failed),
+                (long long)failed, (unsigned long long)config.seed, (unsigned long long)last_seed, seconds);
+  }
   return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+void add_check_command(CLI::App& app, CommandContext& context) {
+  auto config = std::make_shared<CheckConfig>();
+  CLI::App* command = app.add_subcommand(
+      "check", "N random calls drawn over the whole contract, each compared with the float64 oracle (CPU)");
+  command->add_option("--cases", config->cases, "random calls")->check(CLI::Range(int64_t(1), int64_t(1) << 32))
+      ->capture_default_str();
+  command->add_option("--seed", config->seed, "first case's seed (case i: seed + i)")->capture_default_str();
+  command->add_option("--threads", config->threads, "CPU threads (0: all)")->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  command->add_flag("--verbose", config->verbose, "a line per case");
+  command->add_flag("--coverage", config->coverage, "which features the cases exercised");
+  command->add_flag("--json", config->json, "the summary as one JSON object on stdout");
+  command->callback([config, &context] { context.status = check(*config, context.command_line); });
 }
 
 }  // namespace kvflash::tools

@@ -1,16 +1,18 @@
 // The CUDA side of the device seam. Compiled for real when the build defines
-// KVFLASH_WITH_CUDA (and links CUDA::cudart and CUDA::cublas to kvflash_cli); otherwise asking
-// for CUDA is an Error(unsupported) naming --device. Every copy, fill and kernel goes to one
+// KVFLASH_WITH_CUDA (cuBLAS is loaded at run time, cublas.h); otherwise asking for CUDA is an
+// Error(unsupported) naming --device. Every copy, fill and kernel goes to one
 // stream of the program's own (non-blocking), so a timed pass can be captured as a CUDA graph.
 #include "device.h"
 #include "kvflash/errors.h"
 
 #if defined(KVFLASH_WITH_CUDA)
-#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
+
+#include "cublas.h"
 #endif
 
 namespace kvflash::tools {
@@ -84,10 +86,16 @@ class CudaMemory final : public DeviceMemory {
   DeviceCeilings measure_ceilings(size_t bandwidth_bytes, int) override {
     DeviceCeilings c;
     c.bandwidth_gbs = copy_bandwidth_gbs(bandwidth_bytes);
-    c.matmul_gflops = bf16_matmul_gflops(8192);
     c.bandwidth_what = "device-to-device copy, " + std::to_string(bandwidth_bytes >> 20) +
                        " MiB, bytes read + written, best of 5";
-    c.matmul_what = "bf16 cuBLAS GEMM 8192^3 (fp32 accumulate), best of 5";
+    std::string why;
+    if (const CublasApi* cublas = load_cublas(why)) {
+      c.matmul_gflops = bf16_matmul_gflops(*cublas, 8192);
+      c.matmul_what = "bf16 cuBLAS GEMM 8192^3 (fp32 accumulate), best of 5";
+    } else {
+      c.matmul_gflops = std::nan("");  // CSV nan, JSON null, the table "nan"
+      c.matmul_what = why + ": no GEMM ceiling";
+    }
     return c;
   }
 
@@ -126,26 +134,26 @@ class CudaMemory final : public DeviceMemory {
     return 2.0 * double(bytes) / (double(best) * 1e-3) * 1e-9;
   }
 
-  double bf16_matmul_gflops(int n) {
+  double bf16_matmul_gflops(const CublasApi& cublas, int n) {
     const size_t bytes = size_t(n) * size_t(n) * sizeof(__nv_bfloat16);
     void* a = allocate(bytes);  // zeros: the tensor cores' speed does not depend on the values
     void* b = allocate(bytes);
     void* d = allocate(bytes);
     cublasHandle_t handle;
-    check_cublas(cublasCreate(&handle), "cublasCreate");
-    check_cublas(cublasSetStream(handle, stream_), "cublasSetStream");
+    check_cublas(cublas.create(&handle), "cublasCreate");
+    check_cublas(cublas.set_stream(handle, stream_), "cublasSetStream");
     const float alpha = 1.0f, beta = 0.0f;
     float best = 1e30f;
     for (int r = 0; r < 7; ++r) {  // two warm-up passes
       const float ms = timed_on(stream_, [&] {
-        check_cublas(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n,
+        check_cublas(cublas.gemm_ex(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n,
                                   b, CUDA_R_16BF, n, &beta, d, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
                                   CUBLAS_GEMM_DEFAULT),
                      "cublasGemmEx");
       });
       if (r > 1) best = std::min(best, ms);
     }
-    cublasDestroy(handle);
+    cublas.destroy(handle);
     release(a);
     release(b);
     release(d);
@@ -159,7 +167,22 @@ class CudaMemory final : public DeviceMemory {
 
 }  // namespace
 
+// Why no GPU can be used, in words a user acts on ("" when one can).
+std::string cuda_unavailable_reason() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status == cudaErrorInsufficientDriver) {
+    return "no CUDA driver, or one older than this build's CUDA " + std::to_string(CUDART_VERSION / 1000) + "." +
+           std::to_string(CUDART_VERSION % 1000 / 10) + " runtime needs (is this a GPU host?)";
+  }
+  if (status == cudaErrorNoDevice || (status == cudaSuccess && count == 0)) return "no CUDA GPU found";
+  if (status != cudaSuccess) return std::string("CUDA is unusable here: ") + cudaGetErrorString(status);
+  return "";
+}
+
 std::unique_ptr<DeviceMemory> make_cuda_memory(int device_id) {
+  const std::string why = cuda_unavailable_reason();
+  if (!why.empty()) throw Error(ErrorKind::unsupported, "--device", "--device cuda: " + why + "; use --device cpu");
   return std::make_unique<CudaMemory>(device_id);
 }
 

@@ -1,42 +1,34 @@
-// Command-line flags of the kvflash program: "--name value" or "--name=value", each flag read at
-// most once by the command that owns it; anything left unread is reported as unknown.
+// Command-line flags of the kvflash program, declared with CLI11 (per-command --help, a flag given
+// twice is an error): the value types CLI11 lacks - lists "1,8,16" (or "none"), ranges "512-2048",
+// dtypes - as option helpers, and UsageError for checks that span several flags.
 #pragma once
 
+#include <CLI/CLI.hpp>
+
 #include <cstdint>
-#include <map>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "kvflash/tensor.h"
 
 namespace kvflash::tools {
 
-// A bad flag or value; main() prints it with the command's usage and exits with status 2.
+// A bad combination of flags found after parsing; main() prints it and exits with status 2.
 struct UsageError {
   std::string message;
 };
 
-class Options {
- public:
-  // argv after the command name.
-  Options(int argc, char** argv);
-
-  bool has(const std::string& name) const { return values_.count(name) != 0; }
-  bool flag(const std::string& name);  // a switch: "--name" (or --name=true/false)
-  std::string text(const std::string& name, const std::string& fallback);
-  int64_t integer(const std::string& name, int64_t fallback, int64_t min, int64_t max);
-  double number(const std::string& name, double fallback);
-  // A comma-separated list of positive integers ("1,8,32"), or "none" for an empty list.
-  std::vector<int64_t> integers(const std::string& name, const std::vector<int64_t>& fallback);
-  std::vector<std::string> texts(const std::string& name, const std::vector<std::string>& fallback);
-  // An integer range "lo-hi" (or a single value), e.g. --prompt-len 512-2048.
-  std::pair<int64_t, int64_t> range(const std::string& name, std::pair<int64_t, int64_t> fallback,
-                                    int64_t min, int64_t max);
-  // Throws UsageError naming every flag no command read.
-  void reject_unused() const;
-
- private:
-  std::map<std::string, std::string> values_;
-  std::map<std::string, bool> used_;
-  const std::string* take(const std::string& name);
-};
+// --name "1,8,32": positive integers, or "none" for an empty list.
+CLI::Option* add_integer_list(CLI::App& app, const std::string& name, std::vector<int64_t>& target,
+                              const std::string& help);
+// --name "512-2048" (or one value), within [min, max].
+CLI::Option* add_integer_range(CLI::App& app, const std::string& name, std::pair<int64_t, int64_t>& target,
+                               int64_t min, int64_t max, const std::string& help);
+// --name "bf16,fp16": dtypes by short name.
+CLI::Option* add_dtype_list(CLI::App& app, const std::string& name, std::vector<DType>& target,
+                            const std::string& help);
+// --device auto|cpu|cuda.
+CLI::Option* add_device(CLI::App& app, std::string& target);
 
 }  // namespace kvflash::tools

@@ -5,13 +5,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 
+#include "about.h"
 #include "commands.h"
 #include "device.h"
 #include "host_tensor.h"
 #include "kvflash/kvflash.h"
+#include "options.h"
 #include "progress.h"
 #include "verify.h"
 #include "workload.h"
@@ -34,32 +38,31 @@ struct RunConfig {
   int64_t verify_every = 16;     // 0: no verification
   int64_t verify_sequences = 4;  // sequences checked per verified call
   int64_t verify_rows = 4;       // prefill query rows checked per sequence
+  bool json = false;             // the summary as one JSON object on stdout instead of text
 };
 
-RunConfig parse_run_config(Options& options) {
-  RunConfig c;
-  c.batch = options.integer("batch", c.batch, 1, 1 << 16);
-  c.prompt_len = options.range("prompt-len", c.prompt_len, 1, 1 << 20);
-  c.decode_steps = options.integer("decode-steps", c.decode_steps, 0, 1 << 20);
-  c.shape.heads = options.integer("heads", c.shape.heads, 1, 1024);
-  c.shape.kv_heads = options.integer("kv-heads", c.shape.kv_heads, 1, 1024);
-  c.shape.head_dim = options.integer("head-dim", c.shape.head_dim, 8, 512);
-  c.shape.head_dim_v = c.shape.head_dim;
-  c.page_size = options.integer("page-size", c.page_size, 1, 1 << 16);
-  c.shape.dtype = parse_dtype(options.text("dtype", "bf16"));
-  c.threads = int(options.integer("threads", 0, 0, 4096));
-  c.device = options.text("device", c.device);
-  c.seed = uint64_t(options.integer("seed", 0, 0, INT64_MAX));
-  c.verify_every = options.integer("verify-every", c.verify_every, 0, 1 << 20);
-  c.verify_sequences = options.integer("verify-sequences", c.verify_sequences, 1, 1 << 16);
-  c.verify_rows = options.integer("verify-rows", c.verify_rows, 1, 1 << 16);
-  if (c.shape.heads % c.shape.kv_heads != 0) {
-    throw UsageError{"--heads must be a multiple of --kv-heads"};
-  }
-  if (c.shape.dtype == DType::e4m3) {
-    throw UsageError{"--dtype fp8 is not offered by kvflash run (it needs descale tensors)"};
-  }
-  return c;
+void add_run_flags(CLI::App& command, RunConfig& c, std::string& dtype) {
+  command.add_option("--batch", c.batch, "sequences")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  add_integer_range(command, "--prompt-len", c.prompt_len, 1, 1 << 20, "prompt lengths, drawn uniformly [512-2048]");
+  command.add_option("--decode-steps", c.decode_steps, "tokens decoded per sequence")
+      ->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  command.add_option("--heads", c.shape.heads, "query heads")->check(CLI::Range(1, 1024))->capture_default_str();
+  command.add_option("--kv-heads", c.shape.kv_heads, "KV heads")->check(CLI::Range(1, 1024))->capture_default_str();
+  command.add_option("--head-dim", c.shape.head_dim, "head dim")->check(CLI::Range(8, 512))->capture_default_str();
+  command.add_option("--page-size", c.page_size, "cache page size")->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  command.add_option("--dtype", dtype, "bf16, fp16 or fp32")->check(CLI::IsMember({"bf16", "fp16", "fp32"}))
+      ->capture_default_str();
+  command.add_option("--threads", c.threads, "CPU threads (0: all)")->check(CLI::Range(0, 4096))->capture_default_str();
+  add_device(command, c.device);
+  command.add_option("--seed", c.seed, "data seed")->capture_default_str();
+  command.add_option("--verify-every", c.verify_every, "check every n-th decode step against the oracle (0: off)")
+      ->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  command.add_option("--verify-sequences", c.verify_sequences, "sequences checked per verified call")
+      ->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  command.add_option("--verify-rows", c.verify_rows, "prefill query rows checked per sequence")
+      ->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  command.add_flag("--json", c.json, "the summary as one JSON object on stdout");
 }
 
 // Serving calls ask for the attention output only (no LSE), as a decoder layer does.
@@ -103,6 +106,7 @@ class ServingRun {
   void print_summary() const;
   bool verification_ok() const { return verification_.ok(); }
   void print_verification() const;
+  nlohmann::json summary_json() const;  // the phases and the verification, as --json prints them
 
  private:
   KvCacheArgs base_args() const;
@@ -265,11 +269,24 @@ void ServingRun::decode() {
   }
 }
 
-void print_phase(const char* name, const PhaseStats& p) {
+struct PhaseRates {
+  double tokens_per_s, kv_gbs, tflops;
+};
+PhaseRates rates(const PhaseStats& p) {
   const double seconds = std::max(p.seconds, 1e-12);
-  std::printf("%-8s %10lld %10.3f %12.1f %10.2f %10.4f\n", name, (long long)p.tokens, p.seconds,
-              double(p.tokens) / seconds, p.work.kv_bytes / seconds * 1e-9,
-              p.work.flops / seconds * 1e-12);
+  return {double(p.tokens) / seconds, p.work.kv_bytes / seconds * 1e-9, p.work.flops / seconds * 1e-12};
+}
+
+void print_phase(const char* name, const PhaseStats& p) {
+  const PhaseRates r = rates(p);
+  std::printf("%-8s %10lld %10.3f %12.1f %10.2f %10.4f\n", name, (long long)p.tokens, p.seconds, r.tokens_per_s,
+              r.kv_gbs, r.tflops);
+}
+
+nlohmann::json phase_json(const PhaseStats& p) {
+  const PhaseRates r = rates(p);
+  return {{"tokens", p.tokens}, {"time_s", p.seconds}, {"tokens_per_s", r.tokens_per_s},
+          {"kv_gbs", r.kv_gbs}, {"tflops", r.tflops}};
 }
 
 void ServingRun::print_summary() const {
@@ -295,27 +312,62 @@ void ServingRun::print_verification() const {
   }
 }
 
-}  // namespace
+nlohmann::json ServingRun::summary_json() const {
+  nlohmann::json summary = {{"prefill", phase_json(prefill_)}};
+  if (config_.decode_steps > 0) summary["decode"] = phase_json(decode_);
+  if (config_.verify_every > 0) {
+    summary["verify"] = {{"calls", verified_calls_},
+                         {"values", verification_.checked_values},
+                         {"max_abs_error", verification_.max_abs_error},
+                         {"worst_of_tolerance", verification_.worst_ratio},
+                         {"failures", verification_.failures},
+                         {"first_failure", verification_.first_failure},
+                         {"ok", verification_.ok()}};
+  }
+  return summary;
+}
 
-int run_command(Options& options) {
-  const RunConfig config = parse_run_config(options);
-  options.reject_unused();
+int run(const RunConfig& config, const std::string& command_line) {
   std::unique_ptr<DeviceMemory> memory = make_device_memory(config.device, config.threads);
   const AttentionShape& s = config.shape;
-  std::printf("kvflash run: %s | batch %lld, prompts %lld-%lld, %lld decode steps | %lld/%lld "
-              "heads, head dim %lld, page %lld, %s, causal, rotary | seed %llu\n",
-              memory->description().c_str(), (long long)config.batch,
-              (long long)config.prompt_len.first, (long long)config.prompt_len.second,
-              (long long)config.decode_steps, (long long)s.heads, (long long)s.kv_heads,
-              (long long)s.head_dim, (long long)config.page_size, short_dtype_name(s.dtype),
-              (unsigned long long)config.seed);
+  // With --json the description goes to stderr (beside the progress bars): stdout is the JSON.
+  std::fprintf(config.json ? stderr : stdout,
+               "kvflash run: %s | batch %lld, prompts %lld-%lld, %lld decode steps | %lld/%lld "
+               "heads, head dim %lld, page %lld, %s, causal, rotary | seed %llu\n",
+               memory->description().c_str(), (long long)config.batch, (long long)config.prompt_len.first,
+               (long long)config.prompt_len.second, (long long)config.decode_steps, (long long)s.heads,
+               (long long)s.kv_heads, (long long)s.head_dim, (long long)config.page_size,
+               short_dtype_name(s.dtype), (unsigned long long)config.seed);
   std::fflush(stdout);
-  ServingRun run(config, *memory);
-  run.prefill();
-  run.decode();
-  run.print_summary();
-  run.print_verification();
-  return run.verification_ok() ? 0 : 1;
+  ServingRun serving(config, *memory);
+  serving.prefill();
+  serving.decode();
+  if (config.json) {
+    nlohmann::json summary = serving.summary_json();
+    summary["provenance"] = provenance(memory->description(), command_line);
+    std::printf("%s\n", summary.dump(2).c_str());
+  } else {
+    serving.print_summary();
+    serving.print_verification();
+  }
+  return serving.verification_ok() ? 0 : 1;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app, CommandContext& context) {
+  auto config = std::make_shared<RunConfig>();
+  auto dtype = std::make_shared<std::string>("bf16");
+  CLI::App* command = app.add_subcommand(
+      "run", "a serving-shaped workload: prefill a batch of prompts into a paged KV cache, then decode token "
+             "by token; sampled calls are verified against the float64 oracle");
+  add_run_flags(*command, *config, *dtype);
+  command->callback([config, dtype, &context] {
+    config->shape.dtype = parse_dtype(*dtype);
+    config->shape.head_dim_v = config->shape.head_dim;
+    if (config->shape.heads % config->shape.kv_heads != 0) throw UsageError{"--heads must be a multiple of --kv-heads"};
+    context.status = run(*config, context.command_line);
+  });
 }
 
 }  // namespace kvflash::tools

@@ -103,8 +103,14 @@ void kvflash_args_init(kvflash_args* args);
 int kvflash_flash_attn_with_kvcache(const kvflash_args* args, const kvflash_outputs* outputs,
                                     void* stream, char* error_message, size_t error_capacity);
 
-/* "0.1.0" */
+/* The library's version, "MAJOR.MINOR.PATCH" (kvflash/version.h's KVFLASH_VERSION_STRING). */
 const char* kvflash_version(void);
+
+/* The C ABI's own version: the value of KVFLASH_C_ABI_VERSION the library was built with. It
+ * changes only when a struct's layout, an enum's values or a function's signature above changes
+ * incompatibly (docs/abi.md); an FFI binding compares it with the version it was written for. */
+#define KVFLASH_C_ABI_VERSION 1
+int kvflash_abi_version(void);
 
 #ifdef __cplusplus
 }

@@ -6,7 +6,7 @@ Works with torch tensors, numpy arrays (ml_dtypes for bfloat16 / float8) and any
 producer; torch and a GPU are optional.
 """
 
-from ._kvflash import Plan, PlanKey, build_backends, cuda_available
+from ._kvflash import Plan, PlanKey, __version__, build_backends, cuda_available
 from .flash_attn_interface import (
     flash_attn_combine,
     flash_attn_func,
@@ -15,8 +15,6 @@ from .flash_attn_interface import (
     get_scheduler_metadata,
 )
 from .scheduling import Batch, SchedulingBackend, active_batch
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Batch",

@@ -15,6 +15,7 @@
 #include "call_args.h"
 #include "framework.h"
 #include "kvflash/kvflash.h"
+#include "kvflash/version.h"
 #include "tensor_import.h"
 
 namespace nb = nanobind;
@@ -283,6 +284,7 @@ NB_MODULE(_kvflash, m) {
         nb::arg("sm_margin"), nb::arg("has_qv"), nb::arg("device_type"), nb::arg("device_id"));
   m.def("combine", &call_combine, nb::arg("out_partial"), nb::arg("lse_partial"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("stream"));
+  m.attr("__version__") = KVFLASH_VERSION_STRING;  // project()'s version in CMakeLists.txt
   m.def("build_backends", &kvflash::build_backends);
   m.def("cuda_available", &kvflash::cuda_available);
   // A torch tensor as the binding reads it, through "exchange" (None where torch's DLPack

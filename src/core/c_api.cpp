@@ -8,11 +8,7 @@
 #include <string>
 
 #include "kvflash/kvflash.h"
-
-// CMake may pass the project version; this default must follow CMakeLists.txt's.
-#ifndef KVFLASH_VERSION_STRING
-#define KVFLASH_VERSION_STRING "0.1.0"
-#endif
+#include "kvflash/version.h"
 
 namespace kvflash {
 namespace {
@@ -156,5 +152,7 @@ int kvflash_flash_attn_with_kvcache(const kvflash_args* args, const kvflash_outp
 }
 
 const char* kvflash_version(void) { return KVFLASH_VERSION_STRING; }
+
+int kvflash_abi_version(void) { return KVFLASH_C_ABI_VERSION; }
 
 }  // extern "C"

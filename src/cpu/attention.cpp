@@ -2,7 +2,8 @@
 // task holds the query rows of all g heads that share each of its KV heads (GQA packing), so each
 // K/V element is read from memory once per task and serves every row of its group. Per block of
 // keys: scores, softcap, mask (by restricting each row to its visible keys, so masked keys are
-// never touched), online softmax, P.V.
+// never touched), online softmax, P.V. Compiled once per instruction-set level (cpu/isa.h);
+// cpu::attend (attention_dispatch.cpp) runs the copy for this CPU.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -12,10 +13,11 @@
 #include "cpu/convert.h"
 #include "cpu/kernels.h"
 #include "cpu/layout.h"
-#include "cpu/microkernels.h"
 #include "cpu/rotary.h"
+// Last: from here on the file is compiled for this copy's instruction set (cpu/isa_target.h).
+#include "cpu/microkernels.h"
 
-namespace kvflash::cpu {
+namespace kvflash::cpu::KVFLASH_CPU_ISA_NS {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -392,4 +394,6 @@ void attend(const core::Problem& p, const Plan& plan, const Outputs& outputs,
   }
 }
 
-}  // namespace kvflash::cpu
+}  // namespace kvflash::cpu::KVFLASH_CPU_ISA_NS
+
+#include "cpu/isa_target_end.h"

@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "core/numeric.h"
-#include "cpu/simd.h"
 
 namespace kvflash::cpu {
 namespace {
@@ -19,27 +18,14 @@ const std::array<float, 256>& e4m3_table() {
   return table;
 }
 
+// Whole rows (queries, rotary tables, rows being rotated): the attention kernels convert K/V
+// elements in registers themselves (microkernels.h), so these plain loops are off the hot path.
 void load_f16(const uint16_t* src, int n, float* dst) {
-  int i = 0;
-#if defined(__F16C__)
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
-  }
-#endif
-  for (; i < n; ++i) dst[i] = core::fp16_to_float(src[i]);
+  for (int i = 0; i < n; ++i) dst[i] = core::fp16_to_float(src[i]);
 }
 
 void load_bf16(const uint16_t* src, int n, float* dst) {
-  int i = 0;
-#if KVFLASH_CPU_AVX2
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    const __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
-    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(w));
-  }
-#endif
-  for (; i < n; ++i) dst[i] = core::bf16_to_float(src[i]);
+  for (int i = 0; i < n; ++i) dst[i] = core::bf16_to_float(src[i]);
 }
 
 void load_e4m3(const uint8_t* src, int n, float* dst) {

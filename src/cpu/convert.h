@@ -1,6 +1,6 @@
-// Rows of a storage type (fp32, fp16, bf16, fp8 e4m3) to and from fp32 buffers. Loads are the
-// hot path of every kernel (each K/V element passes through one), so they are vectorised;
-// stores round to nearest even with the exact scalar conversions of core/numeric.h.
+// Rows of a storage type (fp32, fp16, bf16, fp8 e4m3) to and from fp32 buffers, with the exact
+// scalar conversions of core/numeric.h (stores round to nearest even). The attention kernels
+// read K/V rows through microkernels.h instead, converting in registers.
 #pragma once
 
 #include <cstdint>

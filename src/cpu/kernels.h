@@ -28,9 +28,16 @@ inline int splits_of(const Plan& plan, int b) {
 
 // Step 2/3: attention for every (batch, query row, head). With plan.num_splits == 1 writes
 // outputs.out / softmax_lse; otherwise every split's partial into `partials` (all slices of every
-// batch, empty ones as out 0 / LSE -inf).
-void attend(const core::Problem& p, const Plan& plan, const Outputs& outputs,
-            const Partials* partials, int num_threads);
+// batch, empty ones as out 0 / LSE -inf). attend() runs the copy of attention.cpp compiled for
+// the active instruction-set level (cpu/isa.h).
+using AttendFn = void(const core::Problem& p, const Plan& plan, const Outputs& outputs, const Partials* partials,
+                      int num_threads);
+AttendFn attend;
+namespace baseline { AttendFn attend; }
+#if KVFLASH_CPU_X86_LEVELS
+namespace avx2 { AttendFn attend; }
+namespace avx512 { AttendFn attend; }
+#endif
 
 // Merges n partials of one row through their LSE: out_rows[s * out_stride + c], lse[s * lse_stride].
 // Writes the merged fp32 row to `merged` (d values) and returns the merged LSE. Empty splits

@@ -11,7 +11,7 @@
 #include "cpu/simd.h"
 #include "kvflash/tensor.h"
 
-namespace kvflash::cpu {
+namespace kvflash::cpu::KVFLASH_CPU_ISA_NS {
 
 constexpr int kMaxRowsPerTile = 4;
 
@@ -89,13 +89,9 @@ struct Ahead {
 };
 
 inline void prefetch_row(const Ahead& ahead, int n) {
-#if KVFLASH_CPU_AVX2
   if (ahead.rows == nullptr || ahead.rows[n] == nullptr) return;
   const char* row = static_cast<const char*>(ahead.rows[n]);
-  for (int x = 0; x < ahead.bytes; x += 64) _mm_prefetch(row + x, _MM_HINT_T1);
-#else
-  (void)ahead, (void)n;
-#endif
+  for (int x = 0; x < ahead.bytes; x += 64) __builtin_prefetch(row + x, 0, 2);  // 2: _MM_HINT_T1 on x86
 }
 
 // s[r][n] (+)= q[r] . keys[n][0..dim) for n in [0, n_keys). Two keys per pass, sharing one
@@ -246,4 +242,4 @@ struct AccumulateTile {
   }
 };
 
-}  // namespace kvflash::cpu
+}  // namespace kvflash::cpu::KVFLASH_CPU_ISA_NS

@@ -1,25 +1,15 @@
-// Eight-lane float vectors for the CPU kernels: AVX2/FMA intrinsics when the build targets them,
-// a plain array (which the compiler may still vectorise) otherwise; sixteen-lane ones (AVX-512
-// or two eight-lane) for the inner loops. Only what the kernels use.
+// Eight-lane float vectors for the CPU kernels: AVX2/FMA intrinsics at the avx2 and avx512
+// levels, a plain array (which the compiler vectorises with the baseline's SSE or NEON) at the
+// baseline; sixteen-lane ones (AVX-512 or two eight-lane) for the inner loops. Only what the
+// kernels use. Compiled once per level (cpu/isa_target.h), in that level's namespace.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
-#if defined(__AVX2__) && defined(__FMA__)
-// GCC 12 warns inside its own AVX-512 intrinsics (they pass an undefined vector as the unused
-// masked-off source; GCC bug 105593): silence that one warning for the header's lines only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#define KVFLASH_CPU_AVX2 1
-#endif
-#if KVFLASH_CPU_AVX2 && defined(__AVX512F__) && defined(__AVX512DQ__)
-#define KVFLASH_CPU_AVX512 1
-#endif
+#include "cpu/isa_target.h"
 
-namespace kvflash::cpu {
+namespace kvflash::cpu::KVFLASH_CPU_ISA_NS {
 
 constexpr int kLanes = 8;
 
@@ -84,8 +74,10 @@ inline Vec8 load8(const float* p) { Vec8 r; for (int i = 0; i < kLanes; ++i) r.v
 inline void store8(float* p, Vec8 a) { for (int i = 0; i < kLanes; ++i) p[i] = a.v[i]; }
 inline Vec8 splat8(float x) { Vec8 r; for (int i = 0; i < kLanes; ++i) r.v[i] = x; return r; }
 inline Vec8 zero8() { return splat8(0.0f); }
+// A multiply and an add, which the compiler fuses where the baseline has FMA (aarch64); x86-64-v2
+// has none, and std::fma would be libm's software fma there (25x slower).
 inline Vec8 fma8(Vec8 a, Vec8 b, Vec8 c) {
-  for (int i = 0; i < kLanes; ++i) c.v[i] = std::fma(a.v[i], b.v[i], c.v[i]);
+  for (int i = 0; i < kLanes; ++i) c.v[i] = a.v[i] * b.v[i] + c.v[i];
   return c;
 }
 inline Vec8 mul8(Vec8 a, Vec8 b) { for (int i = 0; i < kLanes; ++i) a.v[i] *= b.v[i]; return a; }
@@ -136,4 +128,4 @@ inline Vec16 zero16() { return splat16(0.0f); }
 
 inline int round_up_lanes(int n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
-}  // namespace kvflash::cpu
+}  // namespace kvflash::cpu::KVFLASH_CPU_ISA_NS

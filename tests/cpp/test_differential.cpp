@@ -1,5 +1,5 @@
 // Differential test: thousands of seeded random calls through the public API on CPU tensors,
-// each compared with the oracle (tests/oracle), plus a determinism check and a fixed set of
+// each compared with the oracle (src/oracle), plus a determinism check and a fixed set of
 // awkward configurations. KVFLASH_DIFF_SEED=<n> runs that one case (the seed a failure prints;
 // add KVFLASH_DIFF_AWKWARD=1 for a case of the awkward set); KVFLASH_DIFF_CASES=<n> changes how
 // many random cases run.

@@ -1,5 +1,5 @@
 // The GPU test runner: the CUDA backend against the oracle on the same seeded random cases the CPU
-// differential test draws (tests/oracle/random_case.h), a CUDA-graph decode test, and timings.
+// differential test draws (src/oracle/random_case.h), a CUDA-graph decode test, and timings.
 //
 //   kvflash_gpu_runner random <count> [first_seed] [only]
 //                                                     differential cases (unsupported ones skipped);

@@ -1,4 +1,4 @@
-#include "oracle/scalar_types.h"
+#include "scalar_types.h"
 
 #include <cmath>
 #include <cstring>

@@ -1,14 +1,14 @@
 // The random case generator. A Config is drawn first (every decision, no memory), then the
 // buffers are built from it. Unused cache slots, unused pages and the gaps of strided layouts
 // hold NaN, so a backend that reads one position too many is caught.
-#include "oracle/random_case.h"
+#include "random_case.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <sstream>
 
-#include "oracle/scalar_types.h"
+#include "scalar_types.h"
 
 namespace kvflash::oracle {
 namespace {

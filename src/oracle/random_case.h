@@ -12,7 +12,7 @@
 
 #include "kvflash/args.h"
 #include "kvflash/plan.h"
-#include "oracle/oracle.h"
+#include "oracle.h"
 
 namespace kvflash::oracle {
 

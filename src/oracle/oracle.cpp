@@ -1,14 +1,14 @@
 // The reference is written as a reader of the spec would compute it by hand: every length resolved
 // per sequence, every key found by walking the page table, every score of the (S_q x S_k) matrix
 // materialised in float64 and every mask rule tested literally. Speed is not a goal.
-#include "oracle/oracle.h"
+#include "oracle.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
 
-#include "oracle/scalar_types.h"
+#include "scalar_types.h"
 
 namespace kvflash::oracle {
 namespace {

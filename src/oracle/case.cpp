@@ -5,8 +5,8 @@
 #include <limits>
 #include <sstream>
 
-#include "oracle/random_case.h"
-#include "oracle/scalar_types.h"
+#include "random_case.h"
+#include "scalar_types.h"
 
 namespace kvflash::oracle {
 namespace {

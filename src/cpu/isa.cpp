@@ -1,0 +1,91 @@
+#include "cpu/isa.h"
+
+#include <atomic>
+#include <cstdlib>
+
+#include "kvflash/errors.h"
+
+namespace kvflash::cpu {
+namespace {
+
+constexpr const char* kEnvVar = "KVFLASH_CPU_ISA";
+
+#if KVFLASH_CPU_X86_LEVELS
+constexpr Isa kLevels[] = {Isa::baseline, Isa::avx2, Isa::avx512};
+#else
+constexpr Isa kLevels[] = {Isa::baseline};
+#endif
+
+// __builtin_cpu_supports also checks that the OS saves the AVX / AVX-512 registers (XCR0).
+bool cpu_runs(Isa isa) {
+#if KVFLASH_CPU_X86_LEVELS
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  switch (isa) {
+    case Isa::baseline: return true;
+    case Isa::avx2: return avx2;
+    case Isa::avx512:
+      return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  }
+  return false;
+#else
+  return isa == Isa::baseline;
+#endif
+}
+
+std::string names_of(const std::vector<Isa>& levels) {
+  std::string names;
+  for (Isa isa : levels) names += (names.empty() ? "" : ", ") + std::string(isa_name(isa));
+  return names;
+}
+
+// -1: not chosen yet (read KVFLASH_CPU_ISA at the first call).
+std::atomic<int> g_active{-1};
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::baseline: return "baseline";
+    case Isa::avx2: return "avx2";
+    case Isa::avx512: return "avx512";
+  }
+  return "?";
+}
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> levels;
+  for (Isa isa : kLevels) {
+    if (cpu_runs(isa)) levels.push_back(isa);
+  }
+  return levels;
+}
+
+Isa requested_isa(const std::string& value, const std::vector<Isa>& supported) {
+  if (value.empty() || value == "auto") return supported.back();
+  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512}) {
+    if (value != isa_name(isa)) continue;
+    for (Isa s : supported) {
+      if (s == isa) return isa;
+    }
+    throw Error(ErrorKind::unsupported, kEnvVar,
+                std::string(kEnvVar) + "=" + value + ": this CPU or build cannot run it (supported here: " +
+                    names_of(supported) + ")");
+  }
+  throw Error(ErrorKind::invalid_value, kEnvVar,
+              std::string(kEnvVar) + "=" + value + ": expected auto, baseline, avx2 or avx512");
+}
+
+Isa active_isa() {
+  int level = g_active.load(std::memory_order_relaxed);
+  if (level < 0) {
+    const char* value = std::getenv(kEnvVar);
+    level = int(requested_isa(value ? value : "", supported_isas()));
+    g_active.store(level, std::memory_order_relaxed);
+  }
+  return Isa(level);
+}
+
+void set_active_isa(Isa isa) { g_active.store(int(isa), std::memory_order_relaxed); }
+
+}  // namespace kvflash::cpu

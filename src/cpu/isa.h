@@ -1,0 +1,31 @@
+// Which instruction set the CPU kernels run with. The SIMD code (attention.cpp with simd.h and
+// microkernels.h) is compiled once per level, each copy in its own namespace; attend() runs the
+// highest level this CPU supports, or the one KVFLASH_CPU_ISA names (for tests and comparisons).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kvflash::cpu {
+
+enum class Isa {
+  baseline,  // the build's baseline (x86-64-v2 by default; NEON on aarch64 as the compiler emits it)
+  avx2,      // AVX2 + FMA + F16C (x86-64-v3)
+  avx512,    // AVX-512 F/DQ/BW/VL (x86-64-v4)
+};
+
+const char* isa_name(Isa isa);
+
+// The levels compiled into this build that this CPU can run, lowest first (baseline always).
+std::vector<Isa> supported_isas();
+
+// The level a KVFLASH_CPU_ISA value asks for among `supported` (supported_isas()); empty or
+// "auto": the highest. Throws kvflash::Error naming KVFLASH_CPU_ISA for an unknown name or a
+// level not supported.
+Isa requested_isa(const std::string& value, const std::vector<Isa>& supported);
+
+// The level attend() uses: KVFLASH_CPU_ISA read at the first call, unless set_active_isa() chose.
+Isa active_isa();
+void set_active_isa(Isa isa);
+
+}  // namespace kvflash::cpu

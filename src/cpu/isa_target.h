@@ -1,0 +1,43 @@
+// Included by a per-level translation unit (CMakeLists.txt compiles attention.cpp once per level
+// with KVFLASH_CPU_ISA_LEVEL 0/1/2 and KVFLASH_CPU_ISA_NS baseline/avx2/avx512) after its other
+// headers: the code that follows is compiled for that level's instruction set. A target pragma
+// rather than per-file -m flags: inline functions and templates of the headers included before
+// it (the standard library's, core/) stay baseline code, so the linker cannot pick an AVX-512
+// copy of one of them for a CPU that lacks it. Everything after it lives in namespace
+// kvflash::cpu::KVFLASH_CPU_ISA_NS, so the levels' own inline functions never merge either.
+#pragma once
+
+#if !defined(KVFLASH_CPU_ISA_LEVEL) || !defined(KVFLASH_CPU_ISA_NS)
+#error "cpu/isa_target.h: compile with KVFLASH_CPU_ISA_LEVEL and KVFLASH_CPU_ISA_NS (see CMakeLists.txt)"
+#endif
+
+#if KVFLASH_CPU_ISA_LEVEL >= 1
+#define KVFLASH_CPU_AVX2 1
+#endif
+#if KVFLASH_CPU_ISA_LEVEL >= 2
+#define KVFLASH_CPU_AVX512 1
+#endif
+
+// Pragmas take no macros: each level's feature list is spelled out for each compiler.
+#if KVFLASH_CPU_ISA_LEVEL >= 1 && !defined(__GNUC__)
+#error "cpu/isa_target.h: the avx2/avx512 levels need GCC or Clang"
+#elif KVFLASH_CPU_ISA_LEVEL == 1 && defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,bmi,bmi2,lzcnt,movbe"))), apply_to = function)
+#elif KVFLASH_CPU_ISA_LEVEL == 1
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2,lzcnt,movbe")
+#elif KVFLASH_CPU_ISA_LEVEL == 2 && defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,bmi,bmi2,lzcnt,movbe,avx512f,avx512dq,avx512bw,avx512vl,avx512cd"))), apply_to = function)
+#elif KVFLASH_CPU_ISA_LEVEL == 2
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2,lzcnt,movbe,avx512f,avx512dq,avx512bw,avx512vl,avx512cd")
+#endif
+
+#if KVFLASH_CPU_ISA_LEVEL >= 1
+// GCC 12 warns inside its own AVX-512 intrinsics (they pass an undefined vector as the unused
+// masked-off source; GCC bug 105593): silence that one warning for the intrinsics' lines only.
+#pragma GCC diagnostic push
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
