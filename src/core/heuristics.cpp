@@ -1,6 +1,7 @@
 #include "core/heuristics.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -117,6 +118,12 @@ TileInputs tile_inputs(const PlanKey& key, const MaskShape& mask, bool paged_non
   return in;
 }
 
+// KVFLASH_SM90=1 lets the planner pick the Hopper family (kernel_family.h says why it is opt-in).
+bool sm90_opted_in() {
+  const char* v = std::getenv("KVFLASH_SM90");
+  return v != nullptr && std::string(v) == "1";
+}
+
 FamilyInputs family_inputs(const PlanKey& key) {
   FamilyInputs in;
   in.arch = key.arch;
@@ -127,6 +134,7 @@ FamilyInputs family_inputs(const PlanKey& key) {
   in.max_seqlen_q = key.max_seqlen_q;
   in.page_size = key.page_size;
   in.has_leftpad = key.has_leftpad;
+  in.sm90_enabled = sm90_opted_in();
   // The sm90 kernels run one split: a call that asks for more, or that FA3's rule would split
   // at the sm90 tile, stays on the sm80 family.
   if (key.num_splits <= 1 && key.arch == 90) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <tuple>
@@ -55,11 +56,18 @@ bool cuda_supports(const core::Problem& p, const Outputs& outputs) {
   }
 }
 
+// KVFLASH_SM90=1 for one test's scope (the planner reads it at every plan).
+struct Sm90OptIn {
+  Sm90OptIn() { setenv("KVFLASH_SM90", "1", 1); }
+  ~Sm90OptIn() { unsetenv("KVFLASH_SM90"); }
+};
+
 // What the dispatcher must launch for a call, from the call's own values (as the kernels see
 // them: packed rows = s_q x group), and what the Plan says, agree on every random case for every
 // arch; the Plan's kernel is in the table, its compiled tile is the Plan's tile and the grid's
 // rows per CTA are the kernel's.
 TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
+  const Sm90OptIn opt_in;
   const int archs[] = {80, 86, 89, 90, 100, 120};
   int checked = 0, sm90 = 0;
   std::set<std::tuple<int, int, int, int>> kernels;
@@ -86,7 +94,8 @@ TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
       call.max_seqlen_q = p.seqlen_q;
       call.page_size = p.paged ? p.page_size : 0;
       call.has_leftpad = p.args.cache_leftpad.has_value();
-      call.one_split = core::family_inputs(key).one_split;  // the planner's split rule decides it
+      call.one_split = core::family_inputs(key).one_split;
+      call.sm90_enabled = true;  // the planner's split rule decides it
       EXPECT_EQ(plan.kernel, core::choose_kernel(call));
       if (plan.kernel.family == KernelFamily::sm90) {
         ++sm90;
@@ -136,6 +145,8 @@ TEST(KernelFamily, Sm90RuleRow) {
   core::FamilyInputs in{90, true, 128, 128, 4096};
   in.max_seqlen_q = 64;
   in.one_split = true;
+  EXPECT_EQ(core::kernel_family(in), KernelFamily::sm80);  // opt-in (KVFLASH_SM90=1)
+  in.sm90_enabled = true;
   EXPECT_EQ(core::kernel_family(in), KernelFamily::sm90);
   EXPECT_EQ(core::choose_kernel(in).shape, KernelShape::prefill);
   for (int d : {64, 256}) {
@@ -166,6 +177,7 @@ TEST(KernelFamily, Sm90RuleRow) {
 // A planned call: one split from FA3's rule at the sm90 tile, a requested split count above one
 // sends it to sm80.
 TEST(KernelFamily, Sm90NeedsOneSplit) {
+  const Sm90OptIn opt_in;
   PlanKey raw;
   raw.batch = 1, raw.max_seqlen_q = 4096, raw.max_seqlen_k = 4096;
   raw.num_heads = raw.num_heads_k = 16, raw.headdim = raw.headdim_v = 128, raw.dtype = DType::bf16;
