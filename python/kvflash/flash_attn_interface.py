@@ -12,6 +12,7 @@ a ValueError; ``score_mod`` / ``aux_tensors`` raise NotImplementedError; an int
 against the call it is passed to.
 """
 
+import os
 import threading
 import weakref
 
@@ -246,10 +247,48 @@ def flash_attn_func(
     return _attention_result(result, return_attn_probs)
 
 
+def _host_values(t):
+    """The values of an index tensor readable without a device sync (numpy, CPU torch), or of a
+    CUDA tensor in checked mode (KVFLASH_CHECK=1); None otherwise."""
+    import numpy as np
+
+    if t is None:
+        return None
+    if _is_torch_tensor(t):
+        if t.device.type != "cpu" and os.environ.get("KVFLASH_CHECK", "0") in ("", "0"):
+            return None
+        return t.detach().cpu().numpy().astype(np.int64)
+    return np.asarray(t).astype(np.int64)
+
+
+def _check_packed_keys(cu_seqlens_k, seqused_k, total_k):
+    """Sequence b's keys are rows [cu_seqlens_k[b], cu_seqlens_k[b] + seqused_k[b]) of k: every one
+    must exist (a last entry past k.shape[0], or seqused_k past its segment, read other rows)."""
+    cu = _host_values(cu_seqlens_k)
+    if cu is None:
+        return
+    if cu.size == 0 or cu[0] != 0:
+        raise ValueError(f"cu_seqlens_k[0] must be 0 (got {cu[:1].tolist()})")
+    for b in range(1, cu.size):
+        if cu[b] < cu[b - 1]:
+            raise ValueError(f"cu_seqlens_k[{b}] = {cu[b]} is less than cu_seqlens_k[{b - 1}] = {cu[b - 1]} "
+                             "(cumulative lengths must not decrease)")
+    if cu[-1] > total_k:
+        raise ValueError(f"cu_seqlens_k[{cu.size - 1}] = {cu[-1]} exceeds the {total_k} rows of k (k.shape[0])")
+    used = _host_values(seqused_k)
+    if used is None:
+        return
+    for b in range(min(used.size, cu.size - 1)):
+        if not 0 <= used[b] <= cu[b + 1] - cu[b]:
+            raise ValueError(f"seqused_k[{b}] = {used[b]} is out of range [0, {cu[b + 1] - cu[b]}] "
+                             f"(the segment cu_seqlens_k[{b + 1}] - cu_seqlens_k[{b}])")
+
+
 def _packed_keys_as_pages(k, v, cu_seqlens_k, max_seqlen_k, seqused_k):
     """Packed (total_k, h_k, d) keys seen as a paged cache of page size 1: sequence b's key j is
     page cu_seqlens_k[b] + j. Returns (k_cache, v_cache, page_table, cache_seqlens)."""
     total_k = k.shape[0]
+    _check_packed_keys(cu_seqlens_k, seqused_k, total_k)
     k_cache = k.reshape(total_k, 1, *k.shape[1:])
     v_cache = v.reshape(total_k, 1, *v.shape[1:])
     last_page = max(total_k - 1, 0)

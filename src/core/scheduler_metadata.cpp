@@ -15,6 +15,7 @@
 
 #include "core/heuristics.h"
 #include "core/planner.h"
+#include "core/validate.h"
 #include "kvflash/errors.h"
 #include "kvflash/kvflash.h"
 
@@ -36,6 +37,13 @@ void check_at_least(const char* name, int64_t value, int64_t minimum) {
   }
 }
 
+void check_at_most(const char* name, int64_t value, int64_t maximum, const char* why) {
+  if (value > maximum) {
+    bad_value(name, std::string(name) + " must be <= " + std::to_string(maximum) + " (" + why +
+                        "), got " + std::to_string(value));
+  }
+}
+
 void check_scalars(const SchedulerArgs& a) {
   const bool accepted_dtype = a.qkv_dtype == DType::f16 || a.qkv_dtype == DType::bf16 ||
                               a.qkv_dtype == DType::e4m3 ||
@@ -51,6 +59,14 @@ void check_scalars(const SchedulerArgs& a) {
   check_at_least("num_heads_kv", a.num_heads_kv, 1);
   check_at_least("headdim", a.headdim, 0);
   if (a.headdim_v) check_at_least("headdim_v", *a.headdim_v, 1);
+  // The call's limits, so a plan is never made for a call that would be refused (and a batch
+  // of 2^30 allocates nothing).
+  check_at_most("batch_size", a.batch_size, core::kMaxBatch, "kvflash's sequences per call");
+  check_at_most("headdim", a.headdim, core::kMaxHeaddim, "FlashAttention's largest head dimension");
+  if (a.headdim_v) {
+    check_at_most("headdim_v", *a.headdim_v, core::kMaxHeaddimV,
+                  "FlashAttention's largest value head dimension");
+  }
   if (a.page_size) check_at_least("page_size", *a.page_size, 1);
   check_at_least("max_seqlen_k_new", a.max_seqlen_k_new, 0);
   check_at_least("sm_margin", a.sm_margin, 0);

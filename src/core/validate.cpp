@@ -3,7 +3,9 @@
 // Nothing here reads tensor contents; check_values.cpp does that.
 #include "core/validate.h"
 
+#include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cmath>
 #include <string>
 #include <tuple>
@@ -17,7 +19,6 @@ namespace kvflash::core {
 namespace {
 
 using std::to_string;
-constexpr int kMaxHeaddim = 256;
 constexpr int kMaxSplits = 256;
 
 bool is_16bit(DType d) { return d == DType::f16 || d == DType::bf16; }
@@ -52,6 +53,13 @@ void require_well_formed(const TensorView& t, const char* name) {
            std::string(name) + " has a size out of range [0, 2^31) in dimension " + to_string(i) +
                " (shape " + t.shape_string() + ")");
     }
+  }
+  // Stride-0 views can have sizes with no memory behind them: their product must still fit.
+  __int128 elements = 1;
+  for (int i = 0; i < t.rank; ++i) elements = std::min<__int128>(elements * t.shape[i], __int128{1} << 100);
+  if (elements > INT64_MAX) {
+    fail(ErrorKind::invalid_value, name,
+         std::string(name) + " has more than 2^63 elements (shape " + t.shape_string() + ")");
   }
   if (t.data == nullptr && t.numel() > 0) {
     fail(ErrorKind::invalid_value, name,
@@ -293,6 +301,33 @@ void check_layout_tensors(const KvCacheArgs& a) {
       fail(ErrorKind::invalid_value, "max_seqlen_q",
            "max_seqlen_q must be >= 0 (got " + to_string(*a.max_seqlen_q) + ")");
     }
+  }
+}
+
+// The sizes the later stages keep in 32 bits, and kvflash's batch limit, before anything is
+// derived from them.
+void check_sizes(const KvCacheArgs& a, const CallShape& s) {
+  const char* batch_name = a.cu_seqlens_q ? "cu_seqlens_q" : a.q ? "q" : "qv";
+  if (s.batch > kMaxBatch) {
+    fail(ErrorKind::invalid_value, batch_name,
+         "batch_size " + to_string(s.batch) + " exceeds kvflash's limit of " +
+             to_string(kMaxBatch) + " sequences per call");
+  }
+  if (s.total_q > INT_MAX) {
+    fail(ErrorKind::invalid_value, batch_name,
+         "batch_size * seqlen_q = " + to_string(s.batch) + " * " + to_string(s.seqlen_q) +
+             " query rows exceed 2^31 - 1");
+  }
+  if (s.seqlen_k > INT_MAX) {
+    fail(ErrorKind::invalid_value, "page_table",
+         "the cache capacity max_num_pages_per_seq * page_size = " +
+             to_string(s.max_pages_per_seq) + " * " + to_string(s.page_size) +
+             " exceeds 2^31 - 1 keys");
+  }
+  if (a.k && !a.cu_seqlens_k_new && a.k->rank == 4 && s.batch * a.k->size(1) > INT_MAX) {
+    fail(ErrorKind::invalid_value, "k",
+         "batch_size * seqlen_new = " + to_string(s.batch) + " * " + to_string(a.k->size(1)) +
+             " new rows exceed 2^31 - 1");
   }
 }
 
@@ -579,6 +614,7 @@ void validate(const KvCacheArgs& args) {
   check_inputs(args);
   check_layout_tensors(args);
   const CallShape shape = call_shape(args);
+  check_sizes(args, shape);
   check_heads(args, shape);
   check_scalars(args);
   check_shapes(args, shape);
@@ -587,6 +623,7 @@ void validate(const KvCacheArgs& args) {
   check_qv(args, shape);
   check_rotary(args, shape);
   check_extras(args, shape);
+  check_no_aliasing(args, nullptr);
 }
 
 }  // namespace kvflash
