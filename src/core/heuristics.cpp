@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/split_rule.h"
+#include "core/validate.h"
 #include "kvflash/errors.h"
 
 namespace kvflash::core {
@@ -73,7 +74,7 @@ int num_splits_heuristic(int64_t total_mblocks, int num_sms, int num_n_blocks, i
     // The SMs are (nearly) full already; splitting only pays when one KV head overflows L2 and
     // enough query tiles re-read it; never under causal/local, whose tiles are uneven already.
     const bool overflows_l2 = size_one_kv_head > kL2BytesForSplits;
-    if (overflows_l2 && num_m_blocks >= 2 * num_sms && !causal_or_local) {
+    if (overflows_l2 && num_m_blocks >= 2 * int64_t{num_sms} && !causal_or_local) {
       return static_cast<int>(
           std::min<int64_t>(ceil_div(size_one_kv_head, kL2BytesForSplits), max_splits));
     }
@@ -181,7 +182,43 @@ bool get_pack_gqa(const PlanKey& key, TileSize tile, bool pagedkv_tma, int num_s
   return should_pack_gqa(key.varlen_q, key.max_seqlen_q, group_size(key), tile.block_m);
 }
 
+namespace {
+
+// A PlanKey is a public struct (Plan::from_fa3 takes any): its fields must be ones a call can
+// have before the heuristics compute with them (max_seqlen_k = INT_MIN overflowed, found by
+// fuzz/fuzz_plan.cpp).
+void check_key_ranges(const PlanKey& k) {
+  const auto in_range = [](const char* name, int64_t value, int64_t low, int64_t high) {
+    if (value < low || value > high) {
+      throw Error(ErrorKind::invalid_value, "scheduler_metadata",
+                  "scheduler_metadata's problem has " + std::string(name) + " = " +
+                      std::to_string(value) + ", expected a value in [" + std::to_string(low) +
+                      ", " + std::to_string(high) + "]");
+    }
+  };
+  in_range("batch", k.batch, 0, kMaxBatch);
+  in_range("max_seqlen_q", k.max_seqlen_q, 0, INT32_MAX);
+  in_range("max_seqlen_k", k.max_seqlen_k, 0, INT32_MAX);
+  in_range("num_heads_k", k.num_heads_k, 1, INT32_MAX);
+  in_range("num_heads", k.num_heads, k.num_heads_k, INT32_MAX);
+  in_range("headdim", k.headdim, 0, kMaxHeaddim);
+  in_range("headdim_v", k.headdim_v, 1, kMaxHeaddimV);
+  in_range("dtype", static_cast<int>(k.dtype), 0, static_cast<int>(DType::f64));
+  in_range("page_size", k.page_size, 0, INT32_MAX);
+  in_range("window_left", k.window_left, -1, INT32_MAX);
+  in_range("window_right", k.window_right, -1, INT32_MAX);
+  in_range("attention_chunk", k.attention_chunk, 0, INT32_MAX);
+  in_range("num_splits", k.num_splits, 0, kMaxSplits);
+  in_range("pack_gqa", k.pack_gqa, -1, 1);
+  in_range("sm_margin", k.sm_margin, 0, INT32_MAX);
+  in_range("num_sms", k.num_sms, 0, 1 << 16);  // a device's SMs (2 * num_sms overflowed)
+  in_range("arch", k.arch, 0, 1000);
+}
+
+}  // namespace
+
 Plan static_plan(const PlanKey& key) {
+  check_key_ranges(key);
   Plan plan;
   plan.key = key;
   const MaskShape mask = normalise_mask(key);

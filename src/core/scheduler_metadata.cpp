@@ -10,6 +10,8 @@
 // max_seqlen_k cached keys. cu_seqlens_k_new counts only when max_seqlen_k_new > 0: without new
 // K/V the call attends no new keys, so upstream's use of it there (spec 12.4) would plan for
 // longer sequences than the call has.
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -149,7 +151,15 @@ std::vector<core::SeqLengths> sequence_lengths(const SchedulerArgs& a) {
                                      ", expected a value in [0, cache_seqlens[" +
                                      std::to_string(b) + "] = " + std::to_string(cache[b]) + "]");
     }
-    lengths[b] = {q_rows[b], cache[b] - leftpad[b] + new_keys[b]};
+    // In 64 bits: cache_seqlens near 2^31 plus new keys overflowed (fuzz/fuzz_plan.cpp).
+    const int64_t end = int64_t{cache[b]} + new_keys[b];
+    if (a.cache_seqlens && end > a.max_seqlen_k) {
+      bad_value("cache_seqlens",
+                at("cache_seqlens", b) + " + new keys = " + std::to_string(end) +
+                    " exceeds max_seqlen_k = " + std::to_string(a.max_seqlen_k) +
+                    " (the cache capacity)");
+    }
+    lengths[b] = {q_rows[b], static_cast<int>(std::min<int64_t>(end - leftpad[b], INT32_MAX))};
   }
   return lengths;
 }

@@ -61,6 +61,20 @@ void require_well_formed(const TensorView& t, const char* name) {
     fail(ErrorKind::invalid_value, name,
          std::string(name) + " has more than 2^63 elements (shape " + t.shape_string() + ")");
   }
+  // Backends form byte offsets as stride * element size (and sum them over the dimensions):
+  // every product and the sum must fit in 63 bits, whatever the sizes.
+  const __int128 bytes = static_cast<__int128>(dtype_size(t.dtype));
+  __int128 reach = bytes;
+  for (int i = 0; i < t.rank; ++i) {
+    const __int128 stride = t.strides[i] < 0 ? -__int128{t.strides[i]} : __int128{t.strides[i]};
+    reach += stride * bytes * std::max<int64_t>(t.shape[i], 1);
+  }
+  if (reach > (__int128{1} << 62)) {
+    std::vector<int64_t> strides(t.strides, t.strides + t.rank);
+    fail(ErrorKind::invalid_value, name,
+         std::string(name) + " has strides out of range (shape " + t.shape_string() +
+             ", strides " + dims_string(strides) + "): byte offsets must stay below 2^62");
+  }
   if (t.data == nullptr && t.numel() > 0) {
     fail(ErrorKind::invalid_value, name,
          std::string(name) + " has no data pointer but " + to_string(t.numel()) + " elements");

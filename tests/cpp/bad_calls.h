@@ -133,6 +133,15 @@ inline std::vector<BadCall> bad_calls() {
          C::i32(c.args.page_table)[7] = 1 << 30;
        },
        nullptr, "page ids past a sequence's length are not read (any value)"},
+      {"append_of_no_rows_without_data", kAppend,
+       [](C& c) {  // found by fuzz/fuzz_call.cpp (UBSan: offset applied to a null pointer)
+         for (OptTensor* t : {&c.args.k, &c.args.v}) (*t)->shape[1] = 0, (*t)->data = nullptr;
+       },
+       nullptr, "new k / v of no rows append nothing",
+       [](C& c) {
+         c.args.k.reset();
+         c.args.v.reset();
+       }},
       // --- cache_seqlens
       {"cache_seqlens_past_capacity", kDense, [&](C& c) { seqlens(c, {3, 17}); }, "cache_seqlens",
        "cache_seqlens[1] + new tokens = 17 + 0 = 17 exceeds the cache capacity 16"},
@@ -275,6 +284,10 @@ inline std::vector<BadCall> bad_calls() {
        "q has a size out of range [0, 2^31) in dimension 0"},
       {"q_size_2_to_31", kDense, [](C& c) { c.args.q->shape[1] = int64_t{1} << 31; }, "q",
        "q has a size out of range [0, 2^31) in dimension 1"},
+      {"k_cache_stride_past_2_to_62", kDense,
+       [](C& c) { c.args.k_cache->strides[0] = INT64_MIN / 2; },  // found by fuzz/fuzz_call.cpp
+       "k_cache", "k_cache has strides out of range (shape (2, 16, 2, 64), strides "
+                  "(-4611686018427387904, 128, 64, 1)): byte offsets must stay below 2^62"},
       {"q_no_data", kDense, [](C& c) { c.args.q->data = nullptr; }, "q", "q has no data pointer"},
       {"k_cache_elements_past_2_to_63", kDense,
        [](C& c) {

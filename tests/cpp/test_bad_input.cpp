@@ -3,6 +3,7 @@
 // a valid one writes every element of its outputs and has its documented semantics.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -106,6 +107,44 @@ TEST(BadInput, SchedulerMetadataRefusesSizesTheCallWould) {
 TEST(BadInput, Int64IndicesHaveNoDtype) {
   EXPECT_FALSE(dtype_from_dlpack(/*kDLInt*/ 0, 64, 1).has_value());
   EXPECT_TRUE(dtype_from_dlpack(0, 32, 1).has_value());
+}
+
+// Findings of the fuzz targets (fuzz/), each reduced to the call that reached it.
+TEST(FuzzFindings, PlanFromFa3RefusesAKeyNoCallHas) {
+  PlanKey key;
+  key.batch = 1, key.num_heads = 1, key.num_heads_k = 1, key.headdim = 64, key.headdim_v = 64;
+  const std::vector<int32_t> words(8, 1);
+  key.max_seqlen_k = INT_MIN;  // normalise_mask computed max_seqlen_k - 1 (signed overflow)
+  try {
+    Plan::from_fa3(words.data(), words.size(), key);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "scheduler_metadata");
+    EXPECT_STREQ(e.what(), "scheduler_metadata's problem has max_seqlen_k = -2147483648, "
+                           "expected a value in [0, 2147483647]");
+  }
+  key.max_seqlen_k = 64;
+  key.num_heads_k = 0;
+  EXPECT_THROW(Plan::from_fa3(words.data(), words.size(), key), Error);
+  key.num_heads_k = 1;
+  key.num_sms = 2147483642;  // num_splits_heuristic computed 2 * num_sms
+  EXPECT_THROW(Plan::from_fa3(words.data(), words.size(), key), Error);
+}
+
+TEST(FuzzFindings, SchedulerMetadataLengthsPastTheCapacity) {
+  std::vector<int32_t> lengths = {INT32_MAX};  // + 4 new keys overflowed int
+  SchedulerArgs a;
+  a.batch_size = 1, a.max_seqlen_q = 1, a.max_seqlen_k = 64, a.num_heads_q = 1, a.num_heads_kv = 1;
+  a.headdim = 64, a.max_seqlen_k_new = 4;
+  a.cache_seqlens = TensorView::contiguous(lengths.data(), DType::i32, {1});
+  try {
+    get_scheduler_metadata(a);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "cache_seqlens");
+    EXPECT_STREQ(e.what(), "cache_seqlens[0] + new keys = 2147483651 exceeds max_seqlen_k = 64 "
+                           "(the cache capacity)");
+  }
 }
 
 TEST(BadInput, TableCoversAtLeastSixtyCalls) { EXPECT_GE(bad_calls().size(), 60u); }
