@@ -18,6 +18,9 @@ PYTHON_PINS=(numpy==2.4.6 pytest==9.2.0 ml_dtypes==0.7.0 nanobind==3.1.0 scikit-
 CUTLASS_PIN=nvidia-cutlass==4.2.0.0  # CUTLASS/CuTe headers for the CUDA backend, only with nvcc
 
 APT_PACKAGES=(cmake ninja-build g++ libgtest-dev libgmock-dev)
+# clang, its sanitizer / libFuzzer runtimes and libomp (with TSan's OpenMP tool, archer): the
+# fuzz targets and the sanitizer builds of scripts/fuzz.sh and scripts/sanitize.sh.
+APT_PACKAGES+=(clang-14 libclang-rt-14-dev libomp-14-dev)
 # The Python side comes from apt only where python3 lacks it (a pyenv or venv python3 has both).
 python3 -m pip --version >/dev/null 2>&1 || APT_PACKAGES+=(python3-pip)
 python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null \
