@@ -151,6 +151,17 @@ int portable_num_splits(const PlanKey& key, int64_t n_blocks, int64_t m_blocks) 
 
 }  // namespace
 
+namespace {
+
+// The bound of batch-invariant mode: what the longest sequence the cache holds gets.
+int batch_invariant_num_splits(const PlanKey& key, TileSize tile) {
+  const int64_t n_blocks = ceil_div(key.max_seqlen_k, tile.block_n);
+  return static_cast<int>(std::clamp<int64_t>(
+      ceil_div(n_blocks, kBatchInvariantBlocksPerSplit), 1, kMaxHeuristicSplits));
+}
+
+}  // namespace
+
 int get_num_splits(const PlanKey& key, const MaskShape& mask, TileSize tile) {
   const int64_t s_k = key.max_seqlen_k;
   // A local mask reads at most its window (plus one M tile of diagonal shift) of the keys.
@@ -229,7 +240,9 @@ Plan static_plan(const PlanKey& key) {
   const TileSize tile = tile_size(key.arch, tile_inputs(key, mask, paged_non_tma));
   plan.block_m = tile.block_m;
   plan.block_n = tile.block_n;
-  plan.num_splits = key.num_splits > 0 ? key.num_splits : get_num_splits(key, mask, tile);
+  plan.num_splits = key.num_splits > 0       ? key.num_splits
+                    : key.batch_invariant ? batch_invariant_num_splits(key, tile)
+                                          : get_num_splits(key, mask, tile);
   plan.pack_gqa = get_pack_gqa(key, tile, pagedkv_tma, plan.num_splits);
   // The tile-count word FA3's persistent scheduler (sm90) and its split combine use.
   plan.has_semaphore = key.arch >= 90 || plan.num_splits > 1;
@@ -282,6 +295,12 @@ std::vector<int32_t> splits_per_sequence(const Plan& plan, const std::vector<int
   const size_t batch = n_blocks.size();
   const int upper = plan.num_splits;
   std::vector<int32_t> splits(batch, 1);
+  if (plan.key.batch_invariant) {
+    for (size_t b = 0; b < batch; ++b) {
+      splits[b] = batch_invariant_splits(m_blocks[b], n_blocks[b], upper);
+    }
+    return splits;
+  }
   if (plan.key.arch == 0 && plan.key.num_splits > 0) {
     for (size_t b = 0; b < batch; ++b) {
       splits[b] = std::clamp(std::min(upper, n_blocks[b]), 1, upper);

@@ -187,6 +187,7 @@ PlanKey scheduler_key(const SchedulerArgs& a) {
   raw.num_splits = a.num_splits;
   raw.pack_gqa = a.pack_gqa ? (*a.pack_gqa ? 1 : 0) : -1;
   raw.sm_margin = a.sm_margin;
+  raw.batch_invariant = a.batch_invariant;
   return core::canonical_key(raw, core::device_info(a.device));
 }
 

@@ -284,10 +284,13 @@ void run_typed(const core::Problem& p, const Plan& plan, const Outputs& outputs,
     at.rule.group = plan.pack_gqa ? p.group : 1;
     at.rule.heads = core::scheduled_heads(plan);
     at.rule.num_sms = core::usable_sms(plan.key);
+    at.rule.batch_invariant = plan.key.batch_invariant;
     if (a.scheduler_metadata) {  // FA3's layout starts with the per-batch splits (read clamped)
       at.splits_per_batch = a.scheduler_metadata->ptr<const int32_t>();
-    } else if (p.batch == 1) {
-      at.splits_alone = true;  // no prepare kernel: the kernels compute the one sequence's splits
+    } else if (p.batch == 1 || plan.key.batch_invariant) {
+      // No prepare kernel: the kernels compute their sequence's splits (batch-invariant mode
+      // needs only that sequence's lengths, whatever the batch).
+      at.splits_alone = true;
     } else {
       PrepareParams pp;
       pp.len = len;

@@ -89,3 +89,66 @@ def test_varlen_keys_must_lie_inside_k(cu_k, seqused_k, message):
 def test_varlen_keys_inside_k_run():
     assert np.isfinite(varlen([0, 4, 10], [4, 3])).all()
     assert np.isfinite(varlen([0, 4, 9])).all()  # rows past the last entry are simply unused
+
+
+def batch_of(sequences):
+    """A decode batch of (length, seed) sequences over one capacity: q, caches, lengths."""
+    q = np.stack([rand(1, 4, 32, seed=s) for _, s in sequences])
+    cache = np.stack([rand(2, 4096, 2, 32, seed=100 + s) for _, s in sequences], axis=1)
+    lengths = np.array([n for n, _ in sequences], np.int32)
+    return q, cache[0], cache[1], lengths
+
+
+def test_batch_invariant_mode_keeps_a_sequences_bits():
+    mine = (3001, 7)
+    results = []
+    for sequences, at in [([mine], 0), ([mine, (4096, 1), (5, 2)], 0), ([(17, 3), (2500, 4), mine], 2)]:
+        q, k_cache, v_cache, lengths = batch_of(sequences)
+        out, lse, *_ = fai.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                                   return_softmax_lse=True, batch_invariant=True)
+        results.append((out[at].tobytes(), lse[at].tobytes()))
+    assert results[1] == results[0] and results[2] == results[0]
+
+
+def test_batch_invariant_is_part_of_the_plan():
+    q, k_cache, v_cache, lengths = batch_of([(30, 1), (40, 2)])
+    plan = fai.get_scheduler_metadata(2, 1, 4096, 4, 2, 32, lengths, qkv_dtype="float32")
+    with pytest.raises(ValueError, match=r"batch_invariant \(plan made for false, call has true\)"):
+        fai.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                    scheduler_metadata=plan, batch_invariant=True)
+
+
+def test_scheduling_backend_from_threads_gives_serial_results():
+    import threading
+
+    import kvflash
+
+    calls = [decode_call(cache_seqlens=np.array([3 + t, 16 - t], np.int32)) for t in range(4)]
+    serial = [fai.flash_attn_with_kvcache(**kw) for kw in calls]
+    backend = kvflash.SchedulingBackend()
+    mismatches = []
+
+    def worker(t):
+        for _ in range(20):
+            with backend.batch():
+                for _layer in range(3):
+                    if not np.array_equal(fai.flash_attn_with_kvcache(**calls[t]), serial[t]):
+                        mismatches.append(t)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert mismatches == []
+
+
+def test_batch_invariant_under_torch_compile_is_not_yet_supported():
+    torch = pytest.importorskip("torch")
+    from kvflash import _call, _torch_ops
+
+    q = torch.zeros((1, 1, 4, 32))
+    call = _call.make(q, q, q, *([None] * 17), False, (-1, -1), 0, 0.0, True, None, 0, None, 0, None,
+                      False, batch_invariant=True)
+    with pytest.raises(NotImplementedError, match="batch_invariant=True is not supported under torch.compile"):
+        _torch_ops.traced_kvcache(call, False, None)
