@@ -192,6 +192,7 @@ class CallBuilder {
     if (in_.ConsumeBool()) args.pack_gqa = in_.ConsumeBool();
     if (in_.ConsumeIntegralInRange(0, 7) == 0) args.sm_margin = in_.ConsumeIntegralInRange(-1, 200);
     args.checked = in_.ConsumeBool();
+    args.batch_invariant = in_.ConsumeBool();
   }
 
   // Shape, stride, rank, dtype and device changes of a few tensors, or removal.

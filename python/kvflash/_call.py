@@ -7,28 +7,28 @@ FIELDS = (
     "cache_batch_idx", "cache_leftpad", "page_table", "cu_seqlens_q", "cu_seqlens_k_new",
     "max_seqlen_q", "rotary_seqlens", "q_descale", "k_descale", "v_descale", "softmax_scale",
     "causal", "window_size", "attention_chunk", "softcap", "rotary_interleaved",
-    "scheduler_metadata", "num_splits", "pack_gqa", "sm_margin", "sinks", "only_qv", "checked",
-    "batch_invariant",
+    "scheduler_metadata", "num_splits", "pack_gqa", "sm_margin", "sinks", "only_qv", "batch_invariant",
+    "checked",
 )
 
 (Q, K_CACHE, V_CACHE, K, V, QV, ROTARY_COS, ROTARY_SIN, CACHE_SEQLENS, CACHE_BATCH_IDX,
  CACHE_LEFTPAD, PAGE_TABLE, CU_SEQLENS_Q, CU_SEQLENS_K_NEW, MAX_SEQLEN_Q, ROTARY_SEQLENS,
  Q_DESCALE, K_DESCALE, V_DESCALE, SOFTMAX_SCALE, CAUSAL, WINDOW_SIZE, ATTENTION_CHUNK, SOFTCAP,
  ROTARY_INTERLEAVED, SCHEDULER_METADATA, NUM_SPLITS, PACK_GQA, SM_MARGIN, SINKS, ONLY_QV,
- CHECKED, BATCH_INVARIANT) = range(len(FIELDS))
+ BATCH_INVARIANT, CHECKED) = range(len(FIELDS))
 
 
 def make(q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
          cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
          q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
          softcap, rotary_interleaved, scheduler_metadata, num_splits, pack_gqa, sm_margin, sinks,
-         only_qv, checked=False, batch_invariant=False):
+         only_qv, batch_invariant=False, checked=False):
     return (q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin, cache_seqlens,
             cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
             max_seqlen_q, rotary_seqlens, q_descale, k_descale, v_descale, softmax_scale,
             causal, window_size, attention_chunk, softcap, rotary_interleaved,
-            scheduler_metadata, num_splits, pack_gqa, sm_margin, sinks, only_qv, checked,
-            batch_invariant)
+            scheduler_metadata, num_splits, pack_gqa, sm_margin, sinks, only_qv, batch_invariant,
+            checked)
 
 
 def with_metadata(call, metadata):

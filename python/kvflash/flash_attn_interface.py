@@ -160,7 +160,7 @@ def flash_attn_with_kvcache(
             cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
             q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
             softcap, rotary_interleaved, scheduler_metadata, num_splits, pack_gqa, sm_margin, sinks,
-            only_qv, False, batch_invariant)
+            only_qv, batch_invariant, False)
     if _torch_ops is not None and torch.compiler.is_compiling():
         return _torch_ops.traced_kvcache(call, return_softmax_lse, out)
     # FA3's last-dimension asserts on k_cache / v_cache are made by the extension (one crossing).

@@ -19,7 +19,7 @@ enum CallField : int {
   kCacheLeftpad, kPageTable, kCuSeqlensQ, kCuSeqlensKNew, kMaxSeqlenQ, kRotarySeqlens,
   kQDescale, kKDescale, kVDescale, kSoftmaxScale, kCausal, kWindowSize, kAttentionChunk,
   kSoftcap, kRotaryInterleaved, kSchedulerMetadata, kNumSplits, kPackGqa, kSmMargin, kSinks,
-  kOnlyQv, kChecked, kBatchInvariant, kCallFieldCount
+  kOnlyQv, kBatchInvariant, kChecked, kCallFieldCount
 };
 
 // Builds the arguments; tensors are imported through `importer` (which keeps what it made

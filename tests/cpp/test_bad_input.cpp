@@ -45,7 +45,7 @@ TEST_P(BadInput, IsRefusedWithoutWritingOrRunsAsDocumented) {
   fill_outputs(c);
   bad.edit(c);
   if (bad.argument != nullptr) {
-    const auto before = c.snapshot();
+    const auto before = c.buffers();
     try {
       flash_attn_with_kvcache(c.args, c.outputs);
       ADD_FAILURE() << "accepted; expected an error about " << bad.argument << ": " << bad.message;
@@ -54,7 +54,7 @@ TEST_P(BadInput, IsRefusedWithoutWritingOrRunsAsDocumented) {
       EXPECT_NE(std::string(e.what()).find(bad.message), std::string::npos)
           << "\"" << e.what() << "\" lacks \"" << bad.message << "\"";
     }
-    EXPECT_TRUE(c.snapshot() == before) << "a refused call wrote into the call's tensors";
+    EXPECT_TRUE(c.buffers() == before) << "a refused call wrote into the call's tensors";
     return;
   }
   ASSERT_NO_THROW(flash_attn_with_kvcache(c.args, c.outputs)) << bad.message;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvflash/kvflash.h"
+#include "cpp/sequence_batch.h"
 #include "oracle/random_case.h"
 
 namespace kvflash::testing {
@@ -130,92 +131,39 @@ TEST(Concurrency, SharedPlanAndPreparedCall) {
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
 }
 
-// Batch invariance: one sequence (its query, keys, values and length) in batches with different
-// neighbours, at different positions. In batch-invariant mode its out and LSE rows are bitwise
-// the same in each, and so is its split count.
-struct Sequence {
-  int length;
-  uint32_t seed;
-};
-
-constexpr int kHeads = 4, kHeadsK = 2, kDim = 64, kCapacity = 4096;
-
-struct BatchRun {
-  std::vector<float> out, lse;
-  Plan plan;
-};
-
-BatchRun run_batch(const std::vector<Sequence>& seqs, bool batch_invariant, int num_splits) {
-  const int64_t b = static_cast<int64_t>(seqs.size());
-  std::vector<float> q(b * kHeads * kDim), k(b * kCapacity * kHeadsK * kDim), v(k.size());
-  std::vector<int32_t> lengths;
-  for (int64_t i = 0; i < b; ++i) {
-    uint32_t x = seqs[i].seed * 747796405u + 1;
-    const auto next = [&x] {
-      x ^= x << 13, x ^= x >> 17, x ^= x << 5;
-      return static_cast<float>(x % 2001) / 1000.0f - 1.0f;
-    };
-    for (int j = 0; j < kHeads * kDim; ++j) q[i * kHeads * kDim + j] = next();
-    for (int64_t j = 0; j < int64_t{kCapacity} * kHeadsK * kDim; ++j) {
-      k[i * kCapacity * kHeadsK * kDim + j] = next();
-      v[i * kCapacity * kHeadsK * kDim + j] = next();
-    }
-    lengths.push_back(seqs[i].length);
-  }
-  KvCacheArgs args;
-  args.q = TensorView::contiguous(q.data(), DType::f32, {b, 1, kHeads, kDim});
-  args.k_cache = TensorView::contiguous(k.data(), DType::f32, {b, kCapacity, kHeadsK, kDim});
-  args.v_cache = TensorView::contiguous(v.data(), DType::f32, {b, kCapacity, kHeadsK, kDim});
-  args.cache_seqlens = TensorView::contiguous(lengths.data(), DType::i32, {b});
-  args.batch_invariant = batch_invariant;
-  args.num_splits = num_splits;
-  BatchRun r;
-  r.out.assign(q.size(), 0.0f);
-  r.lse.assign(b * kHeads, 0.0f);
-  Outputs outputs;
-  outputs.out = TensorView::contiguous(r.out.data(), DType::f32, {b, 1, kHeads, kDim});
-  outputs.softmax_lse = TensorView::contiguous(r.lse.data(), DType::f32, {b, kHeads, 1});
-  r.plan = make_plan(args);
-  flash_attn_with_kvcache(args, outputs);
-  return r;
-}
-
-bool same_rows(const BatchRun& a, int ia, const BatchRun& b, int ib) {
-  const size_t row = kHeads * kDim;
-  return std::memcmp(&a.out[ia * row], &b.out[ib * row], row * sizeof(float)) == 0 &&
-         std::memcmp(&a.lse[ia * kHeads], &b.lse[ib * kHeads], kHeads * sizeof(float)) == 0;
-}
-
+// Batch invariance: one sequence in batches with different neighbours, at different positions
+// (sequence_batch.h). In batch-invariant mode its out and LSE rows are bitwise the same in each,
+// and so is its split count.
 TEST(BatchInvariance, SequenceBitsDoNotDependOnTheBatch) {
-  const Sequence mine{3001, 7};
-  const std::vector<std::vector<Sequence>> batches = {
-      {mine}, {mine, {4096, 1}, {5, 2}}, {{17, 3}, {2500, 4}, mine}, {{4000, 5}, mine, {4000, 6}, {1, 8}}};
-  const int position[] = {0, 0, 2, 1};
   for (int num_splits : {0, 3}) {
-    const BatchRun alone = run_batch(batches[0], true, num_splits);
-    EXPECT_GT(alone.plan.num_splits_dynamic[0], 1) << "the sequence should be split";
-    for (size_t i = 1; i < batches.size(); ++i) {
-      const BatchRun r = run_batch(batches[i], true, num_splits);
-      EXPECT_TRUE(same_rows(alone, 0, r, position[i])) << "batch " << i << ", num_splits " << num_splits;
-      EXPECT_EQ(r.plan.num_splits_dynamic[position[i]], alone.plan.num_splits_dynamic[0]);
+    std::vector<char> alone;
+    int alone_splits = 0;
+    for (size_t i = 0; i < kBatches.size(); ++i) {
+      SequenceBatch batch(kBatches[i], DType::f32);
+      batch.args.batch_invariant = true;
+      batch.args.num_splits = num_splits;
+      const Plan plan = make_plan(batch.args);
+      flash_attn_with_kvcache(batch.args, batch.outputs);
+      const int at = kPositions[i];
+      if (i == 0) {
+        alone = batch.row_bytes(at), alone_splits = plan.num_splits_dynamic[at];
+        EXPECT_GT(alone_splits, 1) << "the sequence should be split";
+        continue;
+      }
+      EXPECT_TRUE(batch.row_bytes(at) == alone) << "batch " << i << ", num_splits " << num_splits;
+      EXPECT_EQ(plan.num_splits_dynamic[at], alone_splits);
     }
   }
 }
 
 // The mode is part of the plan's problem: a plan made without it does not serve a call with it.
 TEST(BatchInvariance, PlanRecordsTheMode) {
-  std::vector<float> q(4 * kDim), cache(16 * kHeadsK * kDim), out(q.size());
-  KvCacheArgs args;
-  args.q = TensorView::contiguous(q.data(), DType::f32, {1, 1, kHeads, kDim});
-  args.k_cache = TensorView::contiguous(cache.data(), DType::f32, {1, 16, kHeadsK, kDim});
-  args.v_cache = args.k_cache;
-  const Plan plan = make_plan(args);
-  args.batch_invariant = true;
-  args.plan = &plan;
-  Outputs outputs;
-  outputs.out = TensorView::contiguous(out.data(), DType::f32, {1, 1, kHeads, kDim});
+  SequenceBatch batch({{16, 1}}, DType::f32);
+  const Plan plan = make_plan(batch.args);
+  batch.args.batch_invariant = true;
+  batch.args.plan = &plan;
   try {
-    flash_attn_with_kvcache(args, outputs);
+    flash_attn_with_kvcache(batch.args, batch.outputs);
     ADD_FAILURE() << "accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("batch_invariant (plan made for false, call has true)"),

@@ -63,8 +63,9 @@ class Call {
   }
   static int32_t* i32(const OptTensor& t) { return t->ptr<int32_t>(); }
 
-  // Every byte of every buffer the call owns (all its tensors), to compare before and after.
-  std::deque<std::vector<uint64_t>> snapshot() const { return buffers_; }
+  // Every buffer the call owns (all its tensors' memory): copies compare before and after, and
+  // the GPU runner mirrors them to the device.
+  const std::deque<std::vector<uint64_t>>& buffers() const { return buffers_; }
 
   // Every tensor of the call and its outputs on `device`.
   void move_to(Device device) {
