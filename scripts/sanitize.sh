@@ -39,7 +39,7 @@ for mode in "${MODES[@]}"; do
       configure_and_build "$ROOT/build-tsan" clang++-14 thread
       echo "== sanitize.sh: determinism and concurrency tests under TSan"
       OMP_TOOL_LIBRARIES="$(clang++-14 -print-resource-dir)/../../libarcher.so" \
-      TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/scripts/tsan.supp" \
+      TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1:suppressions=$ROOT/scripts/tsan.supp" \
         "$ROOT/build-tsan/kvflash_tests" --gtest_filter='Determinism.*:Concurrency.*:BatchInvariance.*' --gtest_brief=1
       ;;
     *) echo "sanitize.sh: unknown mode $mode (asan, tsan)" >&2; exit 2 ;;
