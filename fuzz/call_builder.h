@@ -232,4 +232,16 @@ class CallBuilder {
   std::deque<std::vector<char>> buffers_;
 };
 
+// The checks (output_spec), then the call itself on one CPU thread when every view has memory
+// behind it. Throws kvflash::Error when the call is refused.
+inline void check_and_run(CallBuilder& call) {
+  const OutputSpec spec = output_spec(call.args);
+  if (!call.has_memory) return;
+  const Outputs outputs = call.outputs(spec);
+  if (!call.has_memory) return;
+  RunOptions options;
+  options.num_threads = 1;
+  flash_attn_with_kvcache(call.args, outputs, options);
+}
+
 }  // namespace kvflash::fuzz

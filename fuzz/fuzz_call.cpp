@@ -12,13 +12,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::CallBuilder call(in);
   call.build();
   try {
-    const OutputSpec spec = output_spec(call.args);
-    if (!call.has_memory) return 0;
-    const Outputs outputs = call.outputs(spec);
-    if (!call.has_memory) return 0;
-    RunOptions options;
-    options.num_threads = 1;
-    flash_attn_with_kvcache(call.args, outputs, options);
+    fuzz::check_and_run(call);
   } catch (const Error&) {
     // A refused call: what the checks are for.
   }

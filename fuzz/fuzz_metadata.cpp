@@ -24,12 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     TensorView t = call.tensor(DType::i32, {static_cast<int64_t>(metadata.size())});
     std::copy(metadata.begin(), metadata.end(), t.ptr<int32_t>());
     call.args.scheduler_metadata = t;
-    const OutputSpec spec = output_spec(call.args);
-    const Outputs outputs = call.outputs(spec);
-    if (!call.has_memory) return 0;
-    RunOptions options;
-    options.num_threads = 1;
-    flash_attn_with_kvcache(call.args, outputs, options);
+    fuzz::check_and_run(call);
   } catch (const Error&) {
   }
   return 0;

@@ -140,26 +140,10 @@ std::vector<Named> present(std::initializer_list<std::pair<const char*, const Op
 }  // namespace
 
 void check_no_aliasing(const KvCacheArgs& a, const Outputs* outputs) {
-  std::vector<Named> all = present({{"q", &a.q},
-                                    {"k_cache", &a.k_cache},
-                                    {"v_cache", &a.v_cache},
-                                    {"k", &a.k},
-                                    {"v", &a.v},
-                                    {"qv", &a.qv},
-                                    {"rotary_cos", &a.rotary_cos},
-                                    {"rotary_sin", &a.rotary_sin},
-                                    {"cache_seqlens", &a.cache_seqlens},
-                                    {"cache_batch_idx", &a.cache_batch_idx},
-                                    {"cache_leftpad", &a.cache_leftpad},
-                                    {"page_table", &a.page_table},
-                                    {"cu_seqlens_q", &a.cu_seqlens_q},
-                                    {"cu_seqlens_k_new", &a.cu_seqlens_k_new},
-                                    {"rotary_seqlens", &a.rotary_seqlens},
-                                    {"q_descale", &a.q_descale},
-                                    {"k_descale", &a.k_descale},
-                                    {"v_descale", &a.v_descale},
-                                    {"scheduler_metadata", &a.scheduler_metadata},
-                                    {"sinks", &a.sinks}});
+  std::vector<Named> all;
+  for (const NamedTensor& n : all_tensors(a)) {
+    if (*n.tensor) all.push_back({n.name, &**n.tensor});
+  }
   std::vector<Named> written;
   if (a.k) written = present({{"k_cache", &a.k_cache}, {"v_cache", &a.v_cache}});
   if (outputs) {

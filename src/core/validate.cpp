@@ -169,15 +169,7 @@ CallShape call_shape(const KvCacheArgs& args) {
   return s;
 }
 
-namespace {
-
-// One named optional tensor of the call, for the checks that apply to all of them.
-struct Named {
-  const char* name;
-  const OptTensor* tensor;
-};
-
-std::vector<Named> all_tensors(const KvCacheArgs& a) {
+std::vector<NamedTensor> all_tensors(const KvCacheArgs& a) {
   return {{"q", &a.q},
           {"k_cache", &a.k_cache},
           {"v_cache", &a.v_cache},
@@ -199,6 +191,8 @@ std::vector<Named> all_tensors(const KvCacheArgs& a) {
           {"scheduler_metadata", &a.scheduler_metadata},
           {"sinks", &a.sinks}};
 }
+
+namespace {
 
 // q, k_cache and v_cache presence, including kvflash's only_qv form (MATE's wording).
 void check_presence(const KvCacheArgs& a) {
@@ -231,7 +225,7 @@ void check_inputs(const KvCacheArgs& a) {
   const bool has_q = a.q.has_value();
   const TensorView& query = has_q ? *a.q : *a.qv;
   const char* query_name = has_q ? "q" : "qv";
-  for (const Named& n : all_tensors(a)) {
+  for (const NamedTensor& n : all_tensors(a)) {
     if (*n.tensor) require_well_formed(**n.tensor, n.name);
   }
   const DType dtype = query.dtype;
@@ -252,7 +246,7 @@ void check_inputs(const KvCacheArgs& a) {
          std::string(query_name) + " must be on a CPU or CUDA device (got " + device_name(device) +
              ")");
   }
-  for (const Named& n : all_tensors(a)) {
+  for (const NamedTensor& n : all_tensors(a)) {
     if (*n.tensor) require_device(**n.tensor, n.name, device);
   }
   if (dtype == DType::f32 && device.type != DeviceType::cpu) {

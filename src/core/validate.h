@@ -57,6 +57,14 @@ void require_last_dim_contiguous(const TensorView& t, const char* name, const st
 void require_contiguous(const TensorView& t, const char* name);
 std::string dims_string(const std::vector<int64_t>& dims);  // "(2, 3)"
 
+// Every tensor argument of a call by name (absent ones included), for the checks that apply to
+// all of them.
+struct NamedTensor {
+  const char* name;
+  const OptTensor* tensor;
+};
+std::vector<NamedTensor> all_tensors(const KvCacheArgs& args);
+
 // Requires q or qv, and v_cache, with the ranks validate() accepts.
 CallShape call_shape(const KvCacheArgs& args);
 
