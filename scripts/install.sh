@@ -25,6 +25,9 @@ TORCH_PIN=torch==2.11.0
 # pkg-config: tests/package checks the installed kvflash.pc. libcli11-dev, nlohmann-json3-dev: the
 # kvflash program's flags and JSON.
 APT_PACKAGES=(cmake ninja-build g++ libgtest-dev libgmock-dev pkg-config libcli11-dev nlohmann-json3-dev)
+# clang, its sanitizer / libFuzzer runtimes and libomp (with TSan's OpenMP tool, archer): the
+# fuzz targets and the sanitizer builds of scripts/fuzz.sh and scripts/sanitize.sh.
+APT_PACKAGES+=(clang-14 libclang-rt-14-dev libomp-14-dev)
 # The Python side comes from apt only where python3 lacks it (a pyenv or venv python3 has both).
 python3 -m pip --version >/dev/null 2>&1 || APT_PACKAGES+=(python3-pip)
 python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null \

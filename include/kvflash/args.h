@@ -60,6 +60,11 @@ struct KvCacheArgs {
   // Checked mode (also KVFLASH_CHECK=1): device-resident indices and lengths are copied to the
   // host and validated before the kernels run; the first bad entry is reported by name.
   bool checked = false;
+  // Batch-invariant mode (not in FA3): every sequence is split by a fixed number of key blocks
+  // (core/split_rule.h), so its output and LSE are bitwise the same whatever else is in the
+  // batch. The default splits by the whole batch's work (faster), which changes a sequence's bits
+  // with its neighbours' lengths.
+  bool batch_invariant = false;
 };
 
 // Outputs, all caller-provided. out is required: (b, s_q, h, d_v) or (total_q, h, d_v), q's dtype

@@ -85,6 +85,7 @@ typedef struct kvflash_args {
   const kvflash_tensor* sinks;
   int32_t only_qv;
   int32_t checked;
+  int32_t batch_invariant; /* 1: a sequence's bits do not depend on the rest of the batch */
 } kvflash_args;
 
 typedef struct kvflash_outputs {

@@ -56,6 +56,7 @@ struct SchedulerArgs {
   std::optional<bool> pack_gqa;
   int sm_margin = 0;
   bool has_qv = false;
+  bool batch_invariant = false;  // KvCacheArgs::batch_invariant of the calls the plan serves
   // The device the plan targets: {cpu} plans for the CPU backend; a CUDA device plans for it.
   Device device{};
 };

@@ -39,6 +39,7 @@ struct PlanKey {
   int sm_margin = 0;
   int num_sms = 0;           // of the device the plan targets (before sm_margin)
   int arch = 0;              // 0: CPU, else the device's compute capability x 10 (80, 90, ...)
+  bool batch_invariant = false;  // fixed key blocks per split (KvCacheArgs::batch_invariant)
 
   bool operator==(const PlanKey&) const = default;
 };

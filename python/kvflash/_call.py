@@ -7,19 +7,21 @@ FIELDS = (
     "cache_batch_idx", "cache_leftpad", "page_table", "cu_seqlens_q", "cu_seqlens_k_new",
     "max_seqlen_q", "rotary_seqlens", "q_descale", "k_descale", "v_descale", "softmax_scale",
     "causal", "window_size", "attention_chunk", "softcap", "rotary_interleaved",
-    "scheduler_metadata", "num_splits", "pack_gqa", "sm_margin", "sinks", "only_qv", "checked",
+    "scheduler_metadata", "num_splits", "pack_gqa", "sm_margin", "sinks", "only_qv", "batch_invariant",
+    "checked",
 )
 
 (Q, K_CACHE, V_CACHE, K, V, QV, ROTARY_COS, ROTARY_SIN, CACHE_SEQLENS, CACHE_BATCH_IDX,
  CACHE_LEFTPAD, PAGE_TABLE, CU_SEQLENS_Q, CU_SEQLENS_K_NEW, MAX_SEQLEN_Q, ROTARY_SEQLENS,
  Q_DESCALE, K_DESCALE, V_DESCALE, SOFTMAX_SCALE, CAUSAL, WINDOW_SIZE, ATTENTION_CHUNK, SOFTCAP,
  ROTARY_INTERLEAVED, SCHEDULER_METADATA, NUM_SPLITS, PACK_GQA, SM_MARGIN, SINKS, ONLY_QV,
- CHECKED) = range(len(FIELDS))
+ BATCH_INVARIANT, CHECKED) = range(len(FIELDS))
 
 # FA3's defaults of flash_attn_with_kvcache, and kvflash's for its extras.
 _DEFAULTS = dict.fromkeys(FIELDS)
 _DEFAULTS.update(causal=False, window_size=(-1, -1), attention_chunk=0, softcap=0.0,
-                 rotary_interleaved=True, num_splits=0, sm_margin=0, only_qv=False, checked=False)
+                 rotary_interleaved=True, num_splits=0, sm_margin=0, only_qv=False,
+                 batch_invariant=False, checked=False)
 
 
 def make(**arguments):

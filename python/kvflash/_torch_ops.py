@@ -32,7 +32,7 @@ def fwd_kvcache(
             cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
             q_descale, k_descale, v_descale, softmax_scale, causal, (window_left, window_right),
             attention_chunk, softcap, rotary_interleaved, scheduler_metadata, num_splits, pack_gqa,
-            sm_margin, sinks, only_qv, False)
+            sm_margin, sinks, only_qv, False, False)  # batch_invariant (refused when tracing), checked
     like = q if q is not None else v_cache
     result = _ext.fwd(call, None, return_lse)
     if return_lse:
@@ -66,7 +66,9 @@ def traced_kvcache(call, return_softmax_lse, out):
      cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
      q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk, softcap,
      rotary_interleaved, scheduler_metadata, num_splits, pack_gqa, sm_margin, sinks, only_qv,
-     _checked) = call
+     batch_invariant, _checked) = call
+    if batch_invariant:
+        raise NotImplementedError("batch_invariant=True is not supported under torch.compile yet")
     if k_cache is not None:
         assert k_cache.stride(-1) == 1, "k_cache must have contiguous last dimension"
     assert v_cache.stride(-1) == 1, "v_cache must have contiguous last dimension"

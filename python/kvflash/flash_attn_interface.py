@@ -12,6 +12,7 @@ a ValueError; ``score_mod`` / ``aux_tensors`` raise NotImplementedError; an int
 against the call it is passed to.
 """
 
+import os
 import threading
 import weakref
 
@@ -139,12 +140,14 @@ def flash_attn_with_kvcache(
     ver=3,
     out=None,
     only_qv=False,
+    batch_invariant=False,
 ):
     """Attention of q against a (paged) KV cache, appending k / v into it first (in place).
 
     Arguments and results are FA3's (kvflash spec section 3). Extras: ``sinks`` (h,) float32 or
     bfloat16 per-head sink logits; ``only_qv`` scores with qv·v alone (q and k_cache may be
-    None); ``out`` a caller-provided output. Returns ``out``, or with ``return_softmax_lse``
+    None); ``out`` a caller-provided output; ``batch_invariant`` (not in FA3) splits every
+    sequence by a fixed key count, so its output bits do not depend on the rest of the batch. Returns ``out``, or with ``return_softmax_lse``
     FA3's four values ``(out, softmax_lse, out_accum, softmax_lse_accum)`` (the last two empty
     when the call does not split).
     """
@@ -158,7 +161,7 @@ def flash_attn_with_kvcache(
             cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
             q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
             softcap, rotary_interleaved, scheduler_metadata, num_splits, pack_gqa, sm_margin, sinks,
-            only_qv, False)
+            only_qv, batch_invariant, False)
     if _torch_ops is not None and torch.compiler.is_compiling():
         return _torch_ops.traced_kvcache(call, return_softmax_lse, out)
     # FA3's last-dimension asserts on k_cache / v_cache are made by the extension (one crossing).

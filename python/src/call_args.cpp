@@ -150,6 +150,7 @@ KvCacheArgs call_args(nb::handle call, TensorImporter& importer) {
   a.sinks = importer.optional(at(kSinks), "sinks");
   a.only_qv = to_bool(at(kOnlyQv));
   a.checked = to_bool(at(kChecked));
+  a.batch_invariant = to_bool(at(kBatchInvariant));
   return a;
 }
 
@@ -206,6 +207,7 @@ std::string configuration_key(nb::handle call) {
   append(key, a.pack_gqa.value_or(false));
   append(key, a.sm_margin);
   append(key, a.only_qv);
+  append(key, a.batch_invariant);
   return key;
 }
 

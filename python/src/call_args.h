@@ -20,7 +20,7 @@ enum CallField : int {
   kCacheLeftpad, kPageTable, kCuSeqlensQ, kCuSeqlensKNew, kMaxSeqlenQ, kRotarySeqlens,
   kQDescale, kKDescale, kVDescale, kSoftmaxScale, kCausal, kWindowSize, kAttentionChunk,
   kSoftcap, kRotaryInterleaved, kSchedulerMetadata, kNumSplits, kPackGqa, kSmMargin, kSinks,
-  kOnlyQv, kChecked, kCallFieldCount
+  kOnlyQv, kBatchInvariant, kChecked, kCallFieldCount
 };
 
 // window_size as (left, right): any pair of integers (tuple, list, 2-element torch tensor or numpy

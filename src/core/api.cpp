@@ -156,6 +156,7 @@ Outputs checked_outputs(const Problem& p, const Outputs& o, int num_splits) {
                             : "(num_splits, batch_size, num_heads, seqlen_q)",
                  p.device);
   }
+  core::check_no_aliasing(p.args, &checked);
   return checked;
 }
 

@@ -88,6 +88,7 @@ KvCacheArgs to_args(const kvflash_args& c) {
   a.sinks = to_opt(c.sinks);
   a.only_qv = c.only_qv != 0;
   a.checked = c.checked != 0;
+  a.batch_invariant = c.batch_invariant != 0;
   return a;
 }
 

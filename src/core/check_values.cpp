@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/validate.h"
 
@@ -140,6 +141,46 @@ void check_rotary_positions(const Problem& p, const HostIndices& h) {
   }
 }
 
+// Two sequences appending into one cache slot (duplicated page ids, or cache_batch_idx naming a
+// row twice) leave whichever write lands last: refused. Runs after the range checks above.
+void check_append_slots(const Problem& p, const HostIndices& h) {
+  if (!p.has_knew) return;
+  struct Slot {
+    int64_t slot;  // row of the cache, flattened over (page or cache row, position)
+    int b;
+    int position;
+  };
+  std::vector<Slot> slots;
+  for (int b = 0; b < p.batch; ++b) {
+    const SeqInfo s = seq_info(p, h, b);
+    for (int t = s.cache_seqlen; t < s.cache_seqlen + s.seqlen_knew; ++t) {
+      const int64_t row =
+          p.paged ? h.page_table[int64_t{s.cache_row} * h.page_table_row_stride + t / p.page_size]
+                  : s.cache_row;
+      const int64_t within = p.paged ? t % p.page_size : t;
+      slots.push_back({row * (p.paged ? p.page_size : p.seqlen_k) + within, b, t});
+    }
+  }
+  std::sort(slots.begin(), slots.end(), [](const Slot& x, const Slot& y) {
+    return x.slot != y.slot ? x.slot < y.slot : x.b < y.b;
+  });
+  for (size_t i = 1; i < slots.size(); ++i) {
+    if (slots[i].slot != slots[i - 1].slot) continue;
+    const Slot& first = slots[i - 1];
+    const Slot& second = slots[i];
+    const char* name = p.paged ? "page_table" : "cache_batch_idx";
+    bad_value(name, "batch " + to_string(first.b) + " and batch " + to_string(second.b) +
+                        " both append into cache " +
+                        (p.paged ? "page " + to_string(first.slot / p.page_size) + ", row " +
+                                       to_string(first.slot % p.page_size)
+                                 : "row " + to_string(first.slot / p.seqlen_k) + ", position " +
+                                       to_string(first.slot % p.seqlen_k)) +
+                        " (positions " + to_string(first.position) + " and " +
+                        to_string(second.position) + "); " + name +
+                        " must give each appending sequence its own slots");
+  }
+}
+
 }  // namespace
 
 void check_values(const Problem& p, const HostIndices& h) {
@@ -147,6 +188,7 @@ void check_values(const Problem& p, const HostIndices& h) {
   check_cache_extent(p, h);
   check_cache_rows(p, h);
   check_rotary_positions(p, h);
+  check_append_slots(p, h);
 }
 
 bool checked_mode(const KvCacheArgs& args) {

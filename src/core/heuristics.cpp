@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/split_rule.h"
+#include "core/validate.h"
 #include "kvflash/errors.h"
 
 namespace kvflash::core {
@@ -74,7 +75,7 @@ int num_splits_heuristic(int64_t total_mblocks, int num_sms, int num_n_blocks, i
     // The SMs are (nearly) full already; splitting only pays when one KV head overflows L2 and
     // enough query tiles re-read it; never under causal/local, whose tiles are uneven already.
     const bool overflows_l2 = size_one_kv_head > kL2BytesForSplits;
-    if (overflows_l2 && num_m_blocks >= 2 * num_sms && !causal_or_local) {
+    if (overflows_l2 && num_m_blocks >= 2 * int64_t{num_sms} && !causal_or_local) {
       return static_cast<int>(
           std::min<int64_t>(ceil_div(size_one_kv_head, kL2BytesForSplits), max_splits));
     }
@@ -180,6 +181,17 @@ int portable_num_splits(const PlanKey& key, int64_t n_blocks, int64_t m_blocks) 
 
 }  // namespace
 
+namespace {
+
+// The bound of batch-invariant mode: what the longest sequence the cache holds gets.
+int batch_invariant_num_splits(const PlanKey& key, TileSize tile) {
+  const int64_t n_blocks = ceil_div(key.max_seqlen_k, tile.block_n);
+  return static_cast<int>(std::clamp<int64_t>(
+      ceil_div(n_blocks, kBatchInvariantBlocksPerSplit), 1, kMaxHeuristicSplits));
+}
+
+}  // namespace
+
 int get_num_splits(const PlanKey& key, KernelFamily family, const MaskShape& mask, TileSize tile) {
   const int64_t s_k = key.max_seqlen_k;
   // A local mask reads at most its window (plus one M tile of diagonal shift) of the keys.
@@ -212,9 +224,45 @@ bool get_pack_gqa(const PlanKey& key, KernelFamily family, TileSize tile, bool p
   return should_pack_gqa(key.varlen_q, key.max_seqlen_q, group_size(key), tile.block_m);
 }
 
+namespace {
+
+// A PlanKey is a public struct (Plan::from_fa3 takes any): its fields must be ones a call can
+// have before the heuristics compute with them (max_seqlen_k = INT_MIN overflowed, found by
+// fuzz/fuzz_plan.cpp).
+void check_key_ranges(const PlanKey& k) {
+  const auto in_range = [](const char* name, int64_t value, int64_t low, int64_t high) {
+    if (value < low || value > high) {
+      throw Error(ErrorKind::invalid_value, "scheduler_metadata",
+                  "scheduler_metadata's problem has " + std::string(name) + " = " +
+                      std::to_string(value) + ", expected a value in [" + std::to_string(low) +
+                      ", " + std::to_string(high) + "]");
+    }
+  };
+  in_range("batch", k.batch, 0, kMaxBatch);
+  in_range("max_seqlen_q", k.max_seqlen_q, 0, INT32_MAX);
+  in_range("max_seqlen_k", k.max_seqlen_k, 0, INT32_MAX);
+  in_range("num_heads_k", k.num_heads_k, 1, INT32_MAX);
+  in_range("num_heads", k.num_heads, k.num_heads_k, INT32_MAX);
+  in_range("headdim", k.headdim, 0, kMaxHeaddim);
+  in_range("headdim_v", k.headdim_v, 1, kMaxHeaddimV);
+  in_range("dtype", static_cast<int>(k.dtype), 0, static_cast<int>(DType::f64));
+  in_range("page_size", k.page_size, 0, INT32_MAX);
+  in_range("window_left", k.window_left, -1, INT32_MAX);
+  in_range("window_right", k.window_right, -1, INT32_MAX);
+  in_range("attention_chunk", k.attention_chunk, 0, INT32_MAX);
+  in_range("num_splits", k.num_splits, 0, kMaxSplits);
+  in_range("pack_gqa", k.pack_gqa, -1, 1);
+  in_range("sm_margin", k.sm_margin, 0, INT32_MAX);
+  in_range("num_sms", k.num_sms, 0, 1 << 16);  // a device's SMs (2 * num_sms overflowed)
+  in_range("arch", k.arch, 0, 1000);
+}
+
+}  // namespace
+
 Plan static_plan(const PlanKey& key) { return static_plan(key, family_of(key)); }
 
 Plan static_plan(const PlanKey& key, KernelFamily family) {
+  check_key_ranges(key);
   Plan plan;
   plan.key = key;
   plan.kernel = family_kernel(family, family_inputs(key));
@@ -226,7 +274,9 @@ Plan static_plan(const PlanKey& key, KernelFamily family) {
   const TileSize tile = family_tile(family, tile_inputs(key, mask, paged_non_tma));
   plan.block_m = tile.block_m;
   plan.block_n = tile.block_n;
-  plan.num_splits = key.num_splits > 0 ? key.num_splits : get_num_splits(key, family, mask, tile);
+  plan.num_splits = key.num_splits > 0       ? key.num_splits
+                    : key.batch_invariant ? batch_invariant_num_splits(key, tile)
+                                          : get_num_splits(key, family, mask, tile);
   plan.pack_gqa = get_pack_gqa(key, family, tile, pagedkv_tma, plan.num_splits);
   // The tile-count word FA3's persistent scheduler (sm90) and its split combine use.
   plan.has_semaphore = family == KernelFamily::sm90 || plan.num_splits > 1;
@@ -279,6 +329,12 @@ std::vector<int32_t> splits_per_sequence(const Plan& plan, const std::vector<int
   const size_t batch = n_blocks.size();
   const int upper = plan.num_splits;
   std::vector<int32_t> splits(batch, 1);
+  if (plan.key.batch_invariant) {
+    for (size_t b = 0; b < batch; ++b) {
+      splits[b] = batch_invariant_splits(m_blocks[b], n_blocks[b], upper);
+    }
+    return splits;
+  }
   if (plan.kernel.family == KernelFamily::cpu && plan.key.num_splits > 0) {
     for (size_t b = 0; b < batch; ++b) {
       splits[b] = std::clamp(std::min(upper, n_blocks[b]), 1, upper);

@@ -240,6 +240,7 @@ std::string first_difference(const PlanKey& plan_key, const PlanKey& call_key) {
   field("sm_margin", p.sm_margin, c.sm_margin, plain);
   field("num_sms", p.num_sms, c.num_sms, plain);
   field("arch", p.arch, c.arch, show_arch);
+  field("batch_invariant", p.batch_invariant, c.batch_invariant, plain);
   return found;
 }
 

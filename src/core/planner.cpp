@@ -95,6 +95,7 @@ PlanKey plan_key(const Problem& p, const DeviceInfo& info) {
   raw.num_splits = p.args.num_splits;
   raw.pack_gqa = p.args.pack_gqa ? (*p.args.pack_gqa ? 1 : 0) : -1;
   raw.sm_margin = p.args.sm_margin;
+  raw.batch_invariant = p.args.batch_invariant;
   return canonical_key(raw, info);
 }
 

@@ -1,6 +1,7 @@
 // resolve(): a validated KvCacheArgs into the Problem every later stage reads, and seq_info(),
 // the per-sequence lengths of contract 5.1.
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "core/heuristics.h"
@@ -14,6 +15,12 @@ namespace {
 
 const int32_t* host_ptr(const OptTensor& t) { return t ? t->ptr<const int32_t>() : nullptr; }
 
+// Sums and differences of caller-given int32 values, taken in 64 bits and saturated: they are
+// computed before check_values() has proven the values in range, and a saturated length still
+// fails its range check (int32 arithmetic here overflowed, found by fuzz/fuzz_call.cpp).
+int saturate(int64_t v) { return static_cast<int>(std::clamp<int64_t>(v, INT_MIN, INT_MAX)); }
+int difference(int32_t hi, int32_t lo) { return saturate(int64_t{hi} - lo); }
+
 // The longest packed new-key run, when cu_seqlens_k_new can be read here; otherwise every
 // row of k could belong to one sequence.
 int packed_knew_bound(const Problem& p) {
@@ -21,7 +28,7 @@ int packed_knew_bound(const Problem& p) {
   if (!indices_on_host(p)) return static_cast<int>(k.size(0));
   const int32_t* cu = p.args.cu_seqlens_k_new->ptr<const int32_t>();
   int longest = 0;
-  for (int b = 0; b < p.batch; ++b) longest = std::max(longest, cu[b + 1] - cu[b]);
+  for (int b = 0; b < p.batch; ++b) longest = std::max(longest, difference(cu[b + 1], cu[b]));
   return longest;
 }
 
@@ -88,7 +95,9 @@ Problem resolve(const KvCacheArgs& args) {
   p.has_sinks = args.sinks.has_value();
 
   p.softmax_scale = args.softmax_scale ? *args.softmax_scale : default_softmax_scale(p);
-  p.softcap = args.softcap;
+  // softcap * tanh(s / softcap) tends to s as softcap grows: infinity is no cap (spec 5.3's
+  // formula would give inf * 0 = NaN).
+  p.softcap = std::isinf(args.softcap) ? 0.0f : args.softcap;
   p.window_left = args.window_left;
   p.window_right = args.causal ? 0 : args.window_right;
   p.attention_chunk = args.attention_chunk;
@@ -106,9 +115,9 @@ SeqInfo seq_info(const Problem& p, const HostIndices& h, int b) {
   SeqInfo s;
   if (h.cu_seqlens_q) {
     s.q_offset = h.cu_seqlens_q[b];
-    s.seqlen_q = h.cu_seqlens_q[b + 1] - h.cu_seqlens_q[b];
+    s.seqlen_q = difference(h.cu_seqlens_q[b + 1], h.cu_seqlens_q[b]);
   } else {
-    s.q_offset = b * p.seqlen_q;
+    s.q_offset = saturate(int64_t{b} * p.seqlen_q);
     s.seqlen_q = p.seqlen_q;
   }
   s.leftpad = h.cache_leftpad ? h.cache_leftpad[b] : 0;
@@ -117,17 +126,17 @@ SeqInfo seq_info(const Problem& p, const HostIndices& h, int b) {
   } else {
     s.cache_seqlen = p.args.cache_seqlens_value.value_or(p.seqlen_k);
   }
-  s.seqlen_k_og = s.cache_seqlen - s.leftpad;
+  s.seqlen_k_og = difference(s.cache_seqlen, s.leftpad);
   if (p.has_knew) {
     if (p.knew_packed) {
       s.knew_offset = h.cu_seqlens_k_new[b];
-      s.seqlen_knew = h.cu_seqlens_k_new[b + 1] - h.cu_seqlens_k_new[b];
+      s.seqlen_knew = difference(h.cu_seqlens_k_new[b + 1], h.cu_seqlens_k_new[b]);
     } else {
-      s.knew_offset = b * p.seqlen_knew;
+      s.knew_offset = saturate(int64_t{b} * p.seqlen_knew);
       s.seqlen_knew = p.seqlen_knew;
     }
   }
-  s.seqlen_k = s.seqlen_k_og + s.seqlen_knew;
+  s.seqlen_k = saturate(int64_t{s.seqlen_k_og} + s.seqlen_knew);
   s.rotary_start = h.rotary_seqlens ? h.rotary_seqlens[b] : s.cache_seqlen;
   s.cache_row = h.cache_batch_idx ? h.cache_batch_idx[b] : b;
   return s;

@@ -10,11 +10,14 @@
 // max_seqlen_k cached keys. cu_seqlens_k_new counts only when max_seqlen_k_new > 0: without new
 // K/V the call attends no new keys, so upstream's use of it there (contract 8.4) would plan for
 // longer sequences than the call has.
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "core/heuristics.h"
 #include "core/planner.h"
+#include "core/validate.h"
 #include "kvflash/errors.h"
 #include "kvflash/kvflash.h"
 
@@ -36,6 +39,13 @@ void check_at_least(const char* name, int64_t value, int64_t minimum) {
   }
 }
 
+void check_at_most(const char* name, int64_t value, int64_t maximum, const char* why) {
+  if (value > maximum) {
+    bad_value(name, std::string(name) + " must be <= " + std::to_string(maximum) + " (" + why +
+                        "), got " + std::to_string(value));
+  }
+}
+
 void check_scalars(const SchedulerArgs& a) {
   const bool accepted_dtype = a.qkv_dtype == DType::f16 || a.qkv_dtype == DType::bf16 ||
                               a.qkv_dtype == DType::e4m3 ||
@@ -51,6 +61,14 @@ void check_scalars(const SchedulerArgs& a) {
   check_at_least("num_heads_kv", a.num_heads_kv, 1);
   check_at_least("headdim", a.headdim, 0);
   if (a.headdim_v) check_at_least("headdim_v", *a.headdim_v, 1);
+  // The call's limits, so a plan is never made for a call that would be refused (and a batch
+  // of 2^30 allocates nothing).
+  check_at_most("batch_size", a.batch_size, core::kMaxBatch, "kvflash's sequences per call");
+  check_at_most("headdim", a.headdim, core::kMaxHeaddim, "FlashAttention's largest head dimension");
+  if (a.headdim_v) {
+    check_at_most("headdim_v", *a.headdim_v, core::kMaxHeaddimV,
+                  "FlashAttention's largest value head dimension");
+  }
   if (a.page_size) check_at_least("page_size", *a.page_size, 1);
   check_at_least("max_seqlen_k_new", a.max_seqlen_k_new, 0);
   check_at_least("sm_margin", a.sm_margin, 0);
@@ -133,7 +151,15 @@ std::vector<core::SeqLengths> sequence_lengths(const SchedulerArgs& a) {
                                      ", expected a value in [0, cache_seqlens[" +
                                      std::to_string(b) + "] = " + std::to_string(cache[b]) + "]");
     }
-    lengths[b] = {q_rows[b], cache[b] - leftpad[b] + new_keys[b]};
+    // In 64 bits: cache_seqlens near 2^31 plus new keys overflowed (fuzz/fuzz_plan.cpp).
+    const int64_t end = int64_t{cache[b]} + new_keys[b];
+    if (a.cache_seqlens && end > a.max_seqlen_k) {
+      bad_value("cache_seqlens",
+                at("cache_seqlens", b) + " + new keys = " + std::to_string(end) +
+                    " exceeds max_seqlen_k = " + std::to_string(a.max_seqlen_k) +
+                    " (the cache capacity)");
+    }
+    lengths[b] = {q_rows[b], static_cast<int>(std::min<int64_t>(end - leftpad[b], INT32_MAX))};
   }
   return lengths;
 }
@@ -161,6 +187,7 @@ PlanKey scheduler_key(const SchedulerArgs& a) {
   raw.num_splits = a.num_splits;
   raw.pack_gqa = a.pack_gqa ? (*a.pack_gqa ? 1 : 0) : -1;
   raw.sm_margin = a.sm_margin;
+  raw.batch_invariant = a.batch_invariant;
   return core::canonical_key(raw, core::device_info(a.device));
 }
 

@@ -29,6 +29,10 @@ constexpr int kPortableMinBlocksPerSplit = 2;
 constexpr int kPortableMaxWaves = 4;
 constexpr int kPortableMinMultiWaveBlocks = 16;
 
+// Batch-invariant mode (KvCacheArgs::batch_invariant): every sequence gets ceil(n_blocks / this)
+// splits (at most the plan's num_splits), from its own lengths alone, on the host and the device.
+constexpr int kBatchInvariantBlocksPerSplit = 16;
+
 // ceil(a / b) for a >= 0, b > 0. In 32 bits when both fit: on the device a 64-bit division is a
 // long software routine, and the decode kernels evaluate this rule before their first load.
 KVFLASH_HD int64_t ceil_div(int64_t a, int64_t b) {
@@ -50,6 +54,10 @@ KVFLASH_HD int portable_splits(int m_blocks, int64_t n_blocks, int64_t blocks_pe
   if (m_blocks <= 0) return 1;
   const int64_t wanted = ceil_div(n_blocks, blocks_per_split);
   return wanted < 1 ? 1 : (wanted > max_splits ? max_splits : static_cast<int>(wanted));
+}
+
+KVFLASH_HD int batch_invariant_splits(int m_blocks, int64_t n_blocks, int max_splits) {
+  return portable_splits(m_blocks, n_blocks, kBatchInvariantBlocksPerSplit, max_splits);
 }
 
 // Does `ctas` fill its last wave of `slots` strictly better than `best_ctas`?

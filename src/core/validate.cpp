@@ -3,7 +3,9 @@
 // Nothing here reads tensor contents; check_values.cpp does that.
 #include "core/validate.h"
 
+#include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cmath>
 #include <string>
 #include <tuple>
@@ -51,6 +53,27 @@ void require_well_formed(const TensorView& t, const char* name) {
            std::string(name) + " has a size out of range [0, 2^31) in dimension " + to_string(i) +
                " (shape " + t.shape_string() + ")");
     }
+  }
+  // Stride-0 views can have sizes with no memory behind them: their product must still fit.
+  __int128 elements = 1;
+  for (int i = 0; i < t.rank; ++i) elements = std::min<__int128>(elements * t.shape[i], __int128{1} << 100);
+  if (elements > INT64_MAX) {
+    fail(ErrorKind::invalid_value, name,
+         std::string(name) + " has more than 2^63 elements (shape " + t.shape_string() + ")");
+  }
+  // Backends form byte offsets as stride * element size (and sum them over the dimensions):
+  // every product and the sum must fit in 63 bits, whatever the sizes.
+  const __int128 bytes = static_cast<__int128>(dtype_size(t.dtype));
+  __int128 reach = bytes;
+  for (int i = 0; i < t.rank; ++i) {
+    const __int128 stride = t.strides[i] < 0 ? -__int128{t.strides[i]} : __int128{t.strides[i]};
+    reach += stride * bytes * std::max<int64_t>(t.shape[i], 1);
+  }
+  if (reach > (__int128{1} << 62)) {
+    std::vector<int64_t> strides(t.strides, t.strides + t.rank);
+    fail(ErrorKind::invalid_value, name,
+         std::string(name) + " has strides out of range (shape " + t.shape_string() +
+             ", strides " + dims_string(strides) + "): byte offsets must stay below 2^62");
   }
   if (t.data == nullptr && t.numel() > 0) {
     fail(ErrorKind::invalid_value, name,
@@ -146,15 +169,7 @@ CallShape call_shape(const KvCacheArgs& args) {
   return s;
 }
 
-namespace {
-
-// One named optional tensor of the call, for the checks that apply to all of them.
-struct Named {
-  const char* name;
-  const OptTensor* tensor;
-};
-
-std::vector<Named> all_tensors(const KvCacheArgs& a) {
+std::vector<NamedTensor> all_tensors(const KvCacheArgs& a) {
   return {{"q", &a.q},
           {"k_cache", &a.k_cache},
           {"v_cache", &a.v_cache},
@@ -176,6 +191,8 @@ std::vector<Named> all_tensors(const KvCacheArgs& a) {
           {"scheduler_metadata", &a.scheduler_metadata},
           {"sinks", &a.sinks}};
 }
+
+namespace {
 
 // q, k_cache and v_cache presence, including kvflash's only_qv form (MATE's wording).
 void check_presence(const KvCacheArgs& a) {
@@ -208,7 +225,7 @@ void check_inputs(const KvCacheArgs& a) {
   const bool has_q = a.q.has_value();
   const TensorView& query = has_q ? *a.q : *a.qv;
   const char* query_name = has_q ? "q" : "qv";
-  for (const Named& n : all_tensors(a)) {
+  for (const NamedTensor& n : all_tensors(a)) {
     if (*n.tensor) require_well_formed(**n.tensor, n.name);
   }
   const DType dtype = query.dtype;
@@ -229,7 +246,7 @@ void check_inputs(const KvCacheArgs& a) {
          std::string(query_name) + " must be on a CPU or CUDA device (got " + device_name(device) +
              ")");
   }
-  for (const Named& n : all_tensors(a)) {
+  for (const NamedTensor& n : all_tensors(a)) {
     if (*n.tensor) require_device(**n.tensor, n.name, device);
   }
   if (dtype == DType::f32 && device.type != DeviceType::cpu) {
@@ -292,6 +309,33 @@ void check_layout_tensors(const KvCacheArgs& a) {
       fail(ErrorKind::invalid_value, "max_seqlen_q",
            "max_seqlen_q must be >= 0 (got " + to_string(*a.max_seqlen_q) + ")");
     }
+  }
+}
+
+// The sizes the later stages keep in 32 bits, and kvflash's batch limit, before anything is
+// derived from them.
+void check_sizes(const KvCacheArgs& a, const CallShape& s) {
+  const char* batch_name = a.cu_seqlens_q ? "cu_seqlens_q" : a.q ? "q" : "qv";
+  if (s.batch > kMaxBatch) {
+    fail(ErrorKind::invalid_value, batch_name,
+         "batch_size " + to_string(s.batch) + " exceeds kvflash's limit of " +
+             to_string(kMaxBatch) + " sequences per call");
+  }
+  if (s.total_q > INT_MAX) {
+    fail(ErrorKind::invalid_value, batch_name,
+         "batch_size * seqlen_q = " + to_string(s.batch) + " * " + to_string(s.seqlen_q) +
+             " query rows exceed 2^31 - 1");
+  }
+  if (s.seqlen_k > INT_MAX) {
+    fail(ErrorKind::invalid_value, "page_table",
+         "the cache capacity max_num_pages_per_seq * page_size = " +
+             to_string(s.max_pages_per_seq) + " * " + to_string(s.page_size) +
+             " exceeds 2^31 - 1 keys");
+  }
+  if (a.k && !a.cu_seqlens_k_new && a.k->rank == 4 && s.batch * a.k->size(1) > INT_MAX) {
+    fail(ErrorKind::invalid_value, "k",
+         "batch_size * seqlen_new = " + to_string(s.batch) + " * " + to_string(a.k->size(1)) +
+             " new rows exceed 2^31 - 1");
   }
 }
 
@@ -578,6 +622,7 @@ void validate(const KvCacheArgs& args) {
   check_inputs(args);
   check_layout_tensors(args);
   const CallShape shape = call_shape(args);
+  check_sizes(args, shape);
   check_heads(args, shape);
   check_scalars(args);
   check_shapes(args, shape);
@@ -586,6 +631,7 @@ void validate(const KvCacheArgs& args) {
   check_qv(args, shape);
   check_rotary(args, shape);
   check_extras(args, shape);
+  check_no_aliasing(args, nullptr);
 }
 
 }  // namespace kvflash

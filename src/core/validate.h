@@ -35,6 +35,12 @@ struct CallShape {
   int64_t batch_k = 0;         // cache sequences: page_table rows (paged) or cache rows
 };
 
+// Sequences per call. A bound, so that a call made of stride-0 views (no memory behind its sizes)
+// is refused before the planner or the caller's framework allocates anything per sequence.
+constexpr int64_t kMaxBatch = int64_t{1} << 20;
+constexpr int kMaxHeaddim = 256;
+constexpr int kMaxHeaddimV = 512;  // MLA's absorbed value dimension (q / k head dim <= 64)
+
 // Building blocks shared by the call, output and combine checks. Each throws Error with
 // `message` (upstream's wording where it exists) followed by what was expected and what was given.
 [[noreturn]] void fail(ErrorKind kind, const std::string& argument, const std::string& message);
@@ -50,6 +56,14 @@ void require_shape(const TensorView& t, const char* name, const std::vector<int6
 void require_last_dim_contiguous(const TensorView& t, const char* name, const std::string& message);
 void require_contiguous(const TensorView& t, const char* name);
 std::string dims_string(const std::vector<int64_t>& dims);  // "(2, 3)"
+
+// Every tensor argument of a call by name (absent ones included), for the checks that apply to
+// all of them.
+struct NamedTensor {
+  const char* name;
+  const OptTensor* tensor;
+};
+std::vector<NamedTensor> all_tensors(const KvCacheArgs& args);
 
 // Requires q or qv, and v_cache, with the ranks validate() accepts.
 CallShape call_shape(const KvCacheArgs& args);
@@ -78,6 +92,10 @@ SeqInfo seq_info(const Problem& p, const HostIndices& host, int b);
 // lengths. Throws Error(invalid_value) naming the first bad entry, e.g.
 // "page_table[3, 7] = 912 is out of range [0, 512)".
 void check_values(const Problem& p, const HostIndices& host);
+
+// Refuses a call in which a tensor it writes (out and the other outputs when given, k_cache and
+// v_cache when k / v are appended) overlaps itself or shares memory with any other tensor.
+void check_no_aliasing(const KvCacheArgs& args, const Outputs* outputs);
 
 // Whether the caller asked for value checks of device-resident indices (args.checked or
 // KVFLASH_CHECK=1 in the environment).

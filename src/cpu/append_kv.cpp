@@ -25,6 +25,7 @@ void append_kv(const core::Problem& p, int num_threads) {
 #pragma omp for schedule(dynamic, 1)
     for (int b = 0; b < p.batch; ++b) {
       const core::SeqInfo& s = seqs[size_t(b)];
+      if (s.seqlen_knew == 0) continue;  // k / v may have no elements (and no data pointer)
       const CacheRows v_cache(*p.args.v_cache, p);
       const SeqRows v_new(*p.args.v, b, s.knew_offset);
       for (int t = 0; t < s.seqlen_knew; ++t) {

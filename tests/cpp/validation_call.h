@@ -63,6 +63,10 @@ class Call {
   }
   static int32_t* i32(const OptTensor& t) { return t->ptr<int32_t>(); }
 
+  // Every buffer the call owns (all its tensors' memory): copies compare before and after, and
+  // the GPU runner mirrors them to the device.
+  const std::deque<std::vector<uint64_t>>& buffers() const { return buffers_; }
+
   // Every tensor of the call and its outputs on `device`.
   void move_to(Device device) {
     for (OptTensor* t : {&args.q, &args.k_cache, &args.v_cache, &args.k, &args.v, &args.qv,

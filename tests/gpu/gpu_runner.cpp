@@ -13,6 +13,7 @@
 //   kvflash_gpu_runner combine                        kvflash::combine on the GPU vs the CPU
 //   kvflash_gpu_runner bench [case]                   the issue's speed floors (decode64, decode1,
 //                                                     prefill, prefill_causal; default all)
+//   kvflash_gpu_runner badinput | bitwise [count]     issue 18 (reliability_test.cpp)
 //
 // Every case copies its tensors to the device with their strides, runs the public API there,
 // copies the outputs and caches back and lets oracle::compare judge them. Exit status 0 = pass.
@@ -36,20 +37,6 @@
 namespace kvflash::gpu_test {
 namespace {
 
-KvCacheArgs device_args(const KvCacheArgs& host, DeviceMirror& mirror) {
-  KvCacheArgs a = host;
-  for (OptTensor KvCacheArgs::*field :
-       {&KvCacheArgs::q, &KvCacheArgs::k_cache, &KvCacheArgs::v_cache, &KvCacheArgs::k,
-        &KvCacheArgs::v, &KvCacheArgs::qv, &KvCacheArgs::rotary_cos, &KvCacheArgs::rotary_sin,
-        &KvCacheArgs::cache_seqlens, &KvCacheArgs::cache_batch_idx, &KvCacheArgs::cache_leftpad,
-        &KvCacheArgs::page_table, &KvCacheArgs::cu_seqlens_q, &KvCacheArgs::cu_seqlens_k_new,
-        &KvCacheArgs::rotary_seqlens, &KvCacheArgs::q_descale, &KvCacheArgs::k_descale,
-        &KvCacheArgs::v_descale, &KvCacheArgs::scheduler_metadata, &KvCacheArgs::sinks}) {
-    a.*field = mirror.upload(host.*field);
-  }
-  return a;
-}
-
 Outputs device_outputs(const Outputs& host, DeviceMirror& mirror) {
   Outputs o;
   o.out = mirror.upload(host.out);
@@ -64,14 +51,6 @@ void download_outputs(const Outputs& host, const Outputs& dev) {
   if (host.softmax_lse) DeviceMirror::download(*host.softmax_lse, *dev.softmax_lse);
   if (host.out_accum) DeviceMirror::download(*host.out_accum, *dev.out_accum);
   if (host.softmax_lse_accum) DeviceMirror::download(*host.softmax_lse_accum, *dev.softmax_lse_accum);
-}
-
-// What this build of the CUDA backend takes (the rest answers Error(unsupported)).
-bool cuda_supports(const KvCacheArgs& a) {
-  const DType dtype = a.v_cache->dtype;
-  if (dtype != DType::bf16 && dtype != DType::f16) return false;
-  if (a.qv || a.only_qv || !a.q || !a.k_cache) return false;
-  return a.q->size(-1) <= 256 && a.v_cache->size(-1) <= 256;
 }
 
 struct Tally {
@@ -173,6 +152,8 @@ int run_graph();    // graph_test.cpp
 int run_combine();  // combine_test.cpp
 int run_bench(const std::string& only);  // bench.cpp: "" for every case
 int run_sm90_bench();                    // sm90_bench.cpp
+int run_bad_input();                     // reliability_test.cpp
+int run_bitwise(int count);              // reliability_test.cpp
 
 }  // namespace kvflash::gpu_test
 
@@ -188,6 +169,8 @@ int main(int argc, char** argv) {
   if (mode == "combine") return run_combine();
   if (mode == "bench") return run_bench(argc > 2 ? argv[2] : "");
   if (mode == "sm90bench") return run_sm90_bench();
-  std::fprintf(stderr, "usage: %s random <count> [first_seed] [split|prefill|sm90] | graph | combine | bench [case] | sm90bench\n", argv[0]);
+  if (mode == "badinput") return run_bad_input();
+  if (mode == "bitwise") return run_bitwise(argc > 2 ? std::atoi(argv[2]) : 200);
+  std::fprintf(stderr, "usage: %s random <count> [first_seed] [split|prefill|sm90] | graph | combine | bench [case] | sm90bench | badinput | bitwise [count]\n", argv[0]);
   return 2;
 }

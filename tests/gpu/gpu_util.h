@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "kvflash/args.h"
 #include "kvflash/tensor.h"
 
 namespace kvflash::gpu_test {
@@ -56,5 +57,33 @@ class DeviceMirror {
  private:
   std::vector<void*> allocations_;
 };
+
+// The arguments with every tensor replaced by to_device(tensor) (an OptTensor).
+template <class ToDevice>
+KvCacheArgs with_tensors(const KvCacheArgs& host, ToDevice to_device) {
+  KvCacheArgs a = host;
+  for (OptTensor KvCacheArgs::*field :
+       {&KvCacheArgs::q, &KvCacheArgs::k_cache, &KvCacheArgs::v_cache, &KvCacheArgs::k,
+        &KvCacheArgs::v, &KvCacheArgs::qv, &KvCacheArgs::rotary_cos, &KvCacheArgs::rotary_sin,
+        &KvCacheArgs::cache_seqlens, &KvCacheArgs::cache_batch_idx, &KvCacheArgs::cache_leftpad,
+        &KvCacheArgs::page_table, &KvCacheArgs::cu_seqlens_q, &KvCacheArgs::cu_seqlens_k_new,
+        &KvCacheArgs::rotary_seqlens, &KvCacheArgs::q_descale, &KvCacheArgs::k_descale,
+        &KvCacheArgs::v_descale, &KvCacheArgs::scheduler_metadata, &KvCacheArgs::sinks}) {
+    a.*field = to_device(host.*field);
+  }
+  return a;
+}
+
+inline KvCacheArgs device_args(const KvCacheArgs& host, DeviceMirror& mirror) {
+  return with_tensors(host, [&](const OptTensor& t) { return mirror.upload(t); });
+}
+
+// What this build of the CUDA backend takes (the rest answers Error(unsupported)).
+inline bool cuda_supports(const KvCacheArgs& a) {
+  const DType dtype = a.v_cache->dtype;
+  if (dtype != DType::bf16 && dtype != DType::f16) return false;
+  if (a.qv || a.only_qv || !a.q || !a.k_cache) return false;
+  return a.q->size(-1) <= 256 && a.v_cache->size(-1) <= 256;
+}
 
 }  // namespace kvflash::gpu_test

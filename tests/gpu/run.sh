@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU test runner, one call on a GPU machine: build (all instantiations, sm_80 + sm_90a),
 # resource usage of the kernels, >= 1000 random differential cases against the oracle,
-# compute-sanitizer memcheck and racecheck over a subset, the CUDA-graph decode test, timings,
+# compute-sanitizer memcheck, racecheck, initcheck and synccheck over a subset (memcheck also over
+# issue 18's malformed-call table), bitwise determinism and batch invariance, the CUDA-graph
+# decode test, timings,
 # issue 3's speed floors measured by `kvflash bench`, then a summary table. Logs go to $OUT (or
 # ./gpu-logs).
-#   CASES=1000 MEMCHECK_CASES=40 RACECHECK_CASES=12 JOBS=16 tests/gpu/run.sh
+#   CASES=1000 MEMCHECK_CASES=40 RACECHECK_CASES=12 INITCHECK_CASES=12 SYNCCHECK_CASES=12 JOBS=16 tests/gpu/run.sh
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-logs}
@@ -12,6 +14,8 @@ mkdir -p "$OUT"
 CASES=${CASES:-1000}
 MEMCHECK_CASES=${MEMCHECK_CASES:-40}
 RACECHECK_CASES=${RACECHECK_CASES:-12}
+INITCHECK_CASES=${INITCHECK_CASES:-12}
+SYNCCHECK_CASES=${SYNCCHECK_CASES:-12}
 JOBS=${JOBS:-$(nproc)}
 BUILD=${BUILD:-build-gpu}
 declare -A status
@@ -43,20 +47,26 @@ fi
 
 step random random.log "$RUNNER" random "$CASES" 1
 # The Hopper prefill family (sm_90 only): random prefill-shaped calls it takes, then its rungs timed.
-step sm90 sm90.log "$RUNNER" random "${SM90_CASES:-1000}" 1 sm90
+step sm90 sm90.log env KVFLASH_SM90=1 "$RUNNER" random "${SM90_CASES:-1000}" 1 sm90
 step sm90bench sm90bench.log "$RUNNER" sm90bench
 step graph graph.log "$RUNNER" graph
 step combine combine.log "$RUNNER" combine
+step badinput badinput.log "$RUNNER" badinput
+step bitwise bitwise.log "$RUNNER" bitwise 200
 # Sanitizers: any cases, then the split-KV and prefill-shaped subsets (the decode shape dominates
 # a plain random draw) and the CUDA-graph test (splits + append), all appended to one log each.
 sanitize() {  # sanitize TOOL CASES FIRST_SEED
   local t="timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool $1 --error-exitcode 9"
   $t "$RUNNER" random "$2" "$3" && $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 100 ))" split &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 200 ))" prefill &&
-    $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 300 ))" sm90 && $t "$RUNNER" graph
+    KVFLASH_SM90=1 $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 300 ))" sm90 && $t "$RUNNER" graph
 }
 step memcheck memcheck.log sanitize memcheck "$MEMCHECK_CASES" 5001
 step racecheck racecheck.log sanitize racecheck "$RACECHECK_CASES" 7001
+step initcheck initcheck.log sanitize initcheck "$INITCHECK_CASES" 8001
+step synccheck synccheck.log sanitize synccheck "$SYNCCHECK_CASES" 9001
+step memcheck_badinput memcheck_badinput.log \
+  timeout "${SANITIZER_TIMEOUT:-150}" compute-sanitizer --tool memcheck --error-exitcode 9 "$RUNNER" badinput
 step bench bench.log "$RUNNER" bench
 # The floors by the program users run: paged decode (page 16, 32/8 heads, d 128), dense prefill,
 # and batched prefill (32 prompts of 512, causal, page 16: the sm80 family with a split bound > 1
@@ -74,14 +84,17 @@ step floors floors.log floors
 echo
 echo "=== summary ($(head -1 "$OUT/resources.txt")) ==="
 printf '%-10s %s\n' step result
-for s in build random sm90 sm90bench graph combine memcheck racecheck bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
+for s in build random sm90 sm90bench graph combine badinput bitwise memcheck racecheck initcheck synccheck memcheck_badinput bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
 grep -h "^random:" "$OUT/random.log" || true
 grep -h "^random sm90" "$OUT/sm90.log" || true
 grep -h "^sm90bench\|^b[0-9]" "$OUT/sm90bench.log" || true
-grep -h "^random " "$OUT/memcheck.log" "$OUT/racecheck.log" || true
+grep -h "^random " "$OUT/memcheck.log" "$OUT/racecheck.log" "$OUT/initcheck.log" "$OUT/synccheck.log" || true
+grep -h "^badinput:" "$OUT/badinput.log" "$OUT/memcheck_badinput.log" || true
+grep -h "^bitwise:" "$OUT/bitwise.log" || true
 grep -h "^graph:" "$OUT/graph.log" || true
 grep -h "^combine" "$OUT/combine.log" | tail -3 || true
-grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" || true
+grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" "$OUT/initcheck.log" \
+  "$OUT/synccheck.log" "$OUT/memcheck_badinput.log" || true
 grep -hE "Function|REG" "$OUT/resources.txt" | head -8 || true
 grep -h "HMMA\|LDGSTS" "$OUT/resources.txt" || true
 tail -n 6 "$OUT/bench.log"

@@ -23,7 +23,7 @@ KVCACHE = [
     ("pack_gqa", None), ("sm_margin", 0), ("return_softmax_lse", False),
     # extras
     ("sinks", None), ("score_mod", None), ("aux_tensors", None), ("ver", 3), ("out", None),
-    ("only_qv", False),
+    ("only_qv", False), ("batch_invariant", False),
 ]
 
 FUNC = [

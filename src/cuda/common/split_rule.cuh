@@ -24,6 +24,7 @@ __device__ __forceinline__ SplitTiles split_tiles(const SplitRule& r, int seqlen
 // Splits of a batch's only sequence (what the prepare kernel would give it).
 __device__ __forceinline__ int splits_alone(const SplitRule& r, int seqlen_q, int seqlen_k, int max_splits) {
   const SplitTiles t = split_tiles(r, seqlen_q, seqlen_k);
+  if (r.batch_invariant) return core::batch_invariant_splits(t.m_blocks, t.n_blocks, max_splits);
   return core::portable_splits_alone(t.m_blocks, t.n_blocks, r.heads, core::portable_slots(r.num_sms),
                                      max_splits);
 }

@@ -161,6 +161,7 @@ void partial_layout(const core::Problem& p, const Plan& plan, const Outputs& out
   at.rule.group = plan.pack_gqa ? p.group : 1;
   at.rule.heads = core::scheduled_heads(plan);
   at.rule.num_sms = core::usable_sms(plan.key);
+  at.rule.batch_invariant = plan.key.batch_invariant;
 }
 
 // The combine reads the partials as rows (batch, token, head) -> out / LSE.
@@ -255,7 +256,8 @@ CallParams call_params(const core::Problem& p, const Plan& plan, const Outputs& 
   partial_layout(p, plan, outputs, ws, layout, at);
   if (a.scheduler_metadata) {  // FA3's layout starts with the per-batch splits (read clamped)
     at.splits_per_batch = a.scheduler_metadata->ptr<const int32_t>();
-  } else if (p.batch == 1) {
+  } else if (p.batch == 1 || plan.key.batch_invariant) {
+    // Batch-invariant mode needs only the sequence's own lengths, whatever the batch.
     at.splits_alone = true;  // no prepare kernel: the kernels compute the one sequence's splits
   } else {
     PrepareParams& pp = call.prepare_params;
