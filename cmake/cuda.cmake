@@ -82,7 +82,8 @@ endforeach()
 file(GLOB KVFLASH_CUDA_SOURCES CONFIGURE_DEPENDS src/cuda/*.cu src/cuda/ops/*.cu)
 target_sources(kvflash_lib PRIVATE ${KVFLASH_CUDA_SOURCES})
 set_target_properties(kvflash_lib PROPERTIES CUDA_ARCHITECTURES "${_kvflash_archs}")
-target_link_libraries(kvflash_lib PRIVATE kvflash_cuda_flags)
+# BUILD_INTERFACE: compile flags only, nothing the installed package needs (cmake/package.cmake).
+target_link_libraries(kvflash_lib PRIVATE $<BUILD_INTERFACE:kvflash_cuda_flags>)
 target_compile_definitions(kvflash_lib PUBLIC KVFLASH_WITH_CUDA=1)
 
 # The instantiation table (src/cuda/instantiations.def): one generated unit per row, in its

@@ -28,10 +28,11 @@ step() {  # step NAME LOG COMMAND...: runs, records PASS/FAIL, keeps the log
   tail -n 4 "$OUT/$log"
 }
 
-cutlass_flag=()
-[ -d .cutlass/include ] && cutlass_flag=(-DKVFLASH_CUTLASS_INCLUDE="$PWD/.cutlass/include")
+cmake_extra=()
+[ -d .cutlass/include ] && cmake_extra=(-DKVFLASH_CUTLASS_INCLUDE="$PWD/.cutlass/include")
+[ -d .deps ] && cmake_extra+=(-DCMAKE_PREFIX_PATH="$PWD/.deps")  # CLI11, nlohmann_json (scripts/device_deps.sh)
 step build build.log bash -c "cmake -S . -B $BUILD -G Ninja -DKVFLASH_CUDA=ON -DKVFLASH_TESTS=OFF -DKVFLASH_TOOLS=ON \
-  -DKVFLASH_GPU_TESTS=ON ${cutlass_flag[*]} && ninja -C $BUILD -j$JOBS kvflash_gpu_runner kvflash_cli"
+  -DKVFLASH_GPU_TESTS=ON ${cmake_extra[*]} && ninja -C $BUILD -j$JOBS kvflash_gpu_runner kvflash_cli"
 RUNNER=$BUILD/kvflash_gpu_runner
 if [ ! -x "$RUNNER" ]; then
   echo "build failed"; tail -n 40 "$OUT/build.log"; exit 1
