@@ -367,15 +367,15 @@ inline std::vector<BadCall> bad_calls() {
          c.args.scheduler_metadata->dtype = DType::f32;
        },
        "scheduler_metadata", "scheduler_metadata must have dtype int32"},
-      {"plan_from_another_problem", kDense,
+      {"plan_from_another_batch", kDense,
        [](C& c) {
-         static Plan other;  // made for a longer cache
-         Call longer(CallDims{.seqlen_k = 32});
-         other = make_plan(longer.args);
+         static Plan other;  // made for three sequences (a longer cache alone would be accepted)
+         Call wider(CallDims{.batch = 3});
+         other = make_plan(wider.args);
          c.args.plan = &other;
        },
        "scheduler_metadata",
-       "scheduler_metadata was made for a different problem: max_seqlen_k (plan made for 32, call has 16)"},
+       "scheduler_metadata was made for a different problem: batch (plan made for 3, call has 2)"},
       // --- NaN and Inf in the inputs (spec 5.5: a row whose softmax sum is NaN gets out 0, LSE
       // -inf; values the call does not read never reach the output)
       {"nan_in_unread_cache_rows", kDense,
