@@ -10,6 +10,8 @@ numpy arrays.
   attends none, so those rows get out 0 and LSE -inf (FA3 leaves them unwritten).
 """
 
+import os
+
 import numpy as np
 
 from . import _frameworks as fw
@@ -25,6 +27,42 @@ def _lengths(cu_seqlens):
         return (cu_seqlens[1:] - cu_seqlens[:-1]).to(_torch().int32)
     cu = np.asarray(cu_seqlens)
     return (cu[1:] - cu[:-1]).astype(np.int32)
+
+
+def _host_values(t):
+    """An index tensor's values where reading them costs no device sync (numpy, CPU torch), or of
+    a CUDA tensor in checked mode (KVFLASH_CHECK=1); None otherwise (the kernels clamp)."""
+    if t is None:
+        return None
+    if fw.is_torch(t):
+        if t.device.type != "cpu" and os.environ.get("KVFLASH_CHECK", "0") in ("", "0"):
+            return None
+        return t.detach().cpu().numpy().astype(np.int64)
+    return np.asarray(t).astype(np.int64)
+
+
+def check_packed_keys(cu_seqlens_k, seqused_k, total_k):
+    """Sequence b's keys are rows [cu_seqlens_k[b], cu_seqlens_k[b] + seqused_k[b]) of k: every one
+    must exist (a last entry past k.shape[0], or seqused_k past its segment, would read other
+    sequences' rows)."""
+    cu = _host_values(cu_seqlens_k)
+    if cu is None:
+        return
+    if cu.size == 0 or cu[0] != 0:
+        raise ValueError(f"cu_seqlens_k[0] must be 0 (got {cu[:1].tolist()})")
+    for b in range(1, cu.size):
+        if cu[b] < cu[b - 1]:
+            raise ValueError(f"cu_seqlens_k[{b}] = {cu[b]} is less than cu_seqlens_k[{b - 1}] = "
+                             f"{cu[b - 1]} (cumulative lengths must not decrease)")
+    if cu[-1] > total_k:
+        raise ValueError(f"cu_seqlens_k[{cu.size - 1}] = {cu[-1]} exceeds the {total_k} rows of k (k.shape[0])")
+    used = _host_values(seqused_k)
+    if used is None:
+        return
+    for b in range(min(used.size, cu.size - 1)):
+        if not 0 <= used[b] <= cu[b + 1] - cu[b]:
+            raise ValueError(f"seqused_k[{b}] = {used[b]} is out of range [0, {cu[b + 1] - cu[b]}] "
+                             f"(the segment cu_seqlens_k[{b + 1}] - cu_seqlens_k[{b}])")
 
 
 def packed_keys_as_pages(k, v, cu_seqlens_k, max_seqlen_k):

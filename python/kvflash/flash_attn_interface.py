@@ -12,7 +12,6 @@ a ValueError; ``score_mod`` / ``aux_tensors`` raise NotImplementedError; an int
 against the call it is passed to.
 """
 
-import os
 import threading
 import weakref
 
@@ -312,6 +311,7 @@ def flash_attn_varlen_func(
         raise ValueError("max_seqlen_q and max_seqlen_k are required for FA3")
     k, v = _contiguous_last_dim(k), _contiguous_last_dim(v)
     if page_table is None:
+        _varlen.check_packed_keys(cu_seqlens_k, seqused_k, k.shape[0])
         k, v, page_table = _varlen.packed_keys_as_pages(k, v, cu_seqlens_k, int(max_seqlen_k))
     cache_seqlens = _varlen.key_lengths(cu_seqlens_k, seqused_k)
     if seqused_q is not None:

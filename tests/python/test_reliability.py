@@ -148,7 +148,6 @@ def test_batch_invariant_under_torch_compile_is_not_yet_supported():
     from kvflash import _call, _torch_ops
 
     q = torch.zeros((1, 1, 4, 32))
-    call = _call.make(q, q, q, *([None] * 17), False, (-1, -1), 0, 0.0, True, None, 0, None, 0, None,
-                      False, batch_invariant=True)
+    call = _call.make(q=q, k_cache=q, v_cache=q, batch_invariant=True)
     with pytest.raises(NotImplementedError, match="batch_invariant=True is not supported under torch.compile"):
         _torch_ops.traced_kvcache(call, False, None)
