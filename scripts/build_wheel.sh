@@ -58,7 +58,8 @@ echo "build_wheel.sh: $(basename "$wheel"): $(du -k "$wheel" | cut -f1) KiB"
 venv="$(mktemp -d)"
 trap 'rm -rf "$venv"' EXIT
 python3 -m venv --system-site-packages "$venv"
-"$venv/bin/python" -m pip install --quiet --no-deps --disable-pip-version-check "$wheel"
+# --ignore-installed: test.sh may have put kvflash in the system site-packages this venv sees.
+"$venv/bin/python" -m pip install --quiet --no-deps --ignore-installed --disable-pip-version-check "$wheel"
 (cd "$venv" && "$venv/bin/python" -c "import kvflash; print('build_wheel.sh: import kvflash', kvflash.__version__, kvflash.build_backends())")
 "$venv/bin/kvflash" --version
 "$venv/bin/kvflash" check --cases 5 >/dev/null
