@@ -2,6 +2,9 @@
 
 #include <atomic>
 #include <cstdlib>
+#if KVFLASH_CPU_X86_LEVELS
+#include <cpuid.h>
+#endif
 
 #include "kvflash/errors.h"
 
@@ -16,10 +19,18 @@ constexpr Isa kLevels[] = {Isa::baseline, Isa::avx2, Isa::avx512};
 constexpr Isa kLevels[] = {Isa::baseline};
 #endif
 
+#if KVFLASH_CPU_X86_LEVELS
+// F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports has no "f16c".
+bool has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+}
+#endif
+
 // __builtin_cpu_supports also checks that the OS saves the AVX / AVX-512 registers (XCR0).
 bool cpu_runs(Isa isa) {
 #if KVFLASH_CPU_X86_LEVELS
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
   switch (isa) {
     case Isa::baseline: return true;
     case Isa::avx2: return avx2;
