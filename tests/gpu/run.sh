@@ -6,6 +6,7 @@
 # decode test, timings,
 # issue 3's speed floors measured by `kvflash bench`, then a summary table. Logs go to $OUT (or
 # ./gpu-logs).
+# SKIP="memcheck racecheck" leaves the named steps out (to split the runner over two device calls).
 #   CASES=1000 MEMCHECK_CASES=40 RACECHECK_CASES=12 INITCHECK_CASES=12 SYNCCHECK_CASES=12 JOBS=16 tests/gpu/run.sh
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
@@ -23,6 +24,7 @@ declare -A status
 step() {  # step NAME LOG COMMAND...: runs, records PASS/FAIL, keeps the log
   local name=$1 log=$2
   shift 2
+  case " ${SKIP:-} " in *" $name "*) status[$name]="skipped (SKIP)"; return 0 ;; esac
   local t0=$SECONDS
   if "$@" >"$OUT/$log" 2>&1; then status[$name]="PASS ($((SECONDS - t0)) s)"; else status[$name]="FAIL ($((SECONDS - t0)) s, see $log)"; fi
   tail -n 4 "$OUT/$log"
