@@ -50,7 +50,7 @@ fi
 
 step random random.log "$RUNNER" random "$CASES" 1
 # The Hopper prefill family (sm_90 only): random prefill-shaped calls it takes, then its rungs timed.
-step sm90 sm90.log env KVFLASH_SM90=1 "$RUNNER" random "${SM90_CASES:-1000}" 1 sm90
+step sm90 sm90.log env KVFLASH_SM90=1 KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random "${SM90_CASES:-1000}" 1 sm90
 step sm90bench sm90bench.log "$RUNNER" sm90bench
 step graph graph.log "$RUNNER" graph
 step combine combine.log "$RUNNER" combine
