@@ -119,10 +119,11 @@ TileInputs tile_inputs(const PlanKey& key, const MaskShape& mask, bool paged_non
   return in;
 }
 
-// KVFLASH_SM90=1 lets the planner pick the Hopper family (kernel_family.h says why it is opt-in).
-bool sm90_opted_in() {
+// KVFLASH_SM90=0 keeps the planner off the Hopper family (to compare with, or fall back to, the
+// portable kernels on sm_90).
+bool sm90_allowed() {
   const char* v = std::getenv("KVFLASH_SM90");
-  return v != nullptr && std::string(v) == "1";
+  return v == nullptr || std::string(v) != "0";
 }
 
 FamilyInputs family_inputs(const PlanKey& key) {
@@ -135,7 +136,7 @@ FamilyInputs family_inputs(const PlanKey& key) {
   in.max_seqlen_q = key.max_seqlen_q;
   in.page_size = key.page_size;
   in.has_leftpad = key.has_leftpad;
-  in.sm90_enabled = sm90_opted_in();
+  in.sm90_enabled = sm90_allowed();
   // The sm90 kernels run one split: a call that asks for more, or that FA3's rule would split
   // at the sm90 tile, stays on the sm80 family.
   if (key.num_splits <= 1 && key.arch == 90) {

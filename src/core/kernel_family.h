@@ -26,9 +26,8 @@ struct FamilyInputs {
   int page_size = 0;        // 0: dense cache
   bool has_leftpad = false;
   bool one_split = false;   // at most one split asked for, and FA3's rule plans one (heuristics.cpp)
-  // The sm90 family is opt-in (KVFLASH_SM90=1, read by family_inputs()) until its GPU random
-  // test and sanitizers have run: on the H200 it was checked only on dense bf16 shapes.
-  bool sm90_enabled = false;
+  // On unless KVFLASH_SM90=0 (read by family_inputs()).
+  bool sm90_enabled = true;
 };
 
 // Keys per block of the sm90 family's kernels at head dim d (src/cuda/sm90/prefill_kernel.cuh);

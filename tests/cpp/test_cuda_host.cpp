@@ -56,10 +56,10 @@ bool cuda_supports(const core::Problem& p, const Outputs& outputs) {
   }
 }
 
-// KVFLASH_SM90=1 for one test's scope (the planner reads it at every plan).
-struct Sm90OptIn {
-  Sm90OptIn() { setenv("KVFLASH_SM90", "1", 1); }
-  ~Sm90OptIn() { unsetenv("KVFLASH_SM90"); }
+// KVFLASH_SM90=0 for one test's scope (the planner reads it at every plan).
+struct Sm90OptOut {
+  Sm90OptOut() { setenv("KVFLASH_SM90", "0", 1); }
+  ~Sm90OptOut() { unsetenv("KVFLASH_SM90"); }
 };
 
 // What the dispatcher must launch for a call, from the call's own values (as the kernels see
@@ -67,7 +67,6 @@ struct Sm90OptIn {
 // arch; the Plan's kernel is in the table, its compiled tile is the Plan's tile and the grid's
 // rows per CTA are the kernel's.
 TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
-  const Sm90OptIn opt_in;
   const int archs[] = {80, 86, 89, 90, 100, 120};
   int checked = 0, sm90 = 0;
   std::set<std::tuple<int, int, int, int>> kernels;
@@ -145,8 +144,6 @@ TEST(KernelFamily, Sm90RuleRow) {
   core::FamilyInputs in{90, true, 128, 128, 4096};
   in.max_seqlen_q = 64;
   in.one_split = true;
-  EXPECT_EQ(core::kernel_family(in), KernelFamily::sm80);  // opt-in (KVFLASH_SM90=1)
-  in.sm90_enabled = true;
   EXPECT_EQ(core::kernel_family(in), KernelFamily::sm90);
   EXPECT_EQ(core::choose_kernel(in).shape, KernelShape::prefill);
   for (int d : {64, 256}) {
@@ -160,6 +157,7 @@ TEST(KernelFamily, Sm90RuleRow) {
     change(c);
     return core::kernel_family(c);
   };
+  EXPECT_EQ(with([](auto& c) { c.sm90_enabled = false; }), KernelFamily::sm80);  // KVFLASH_SM90=0
   EXPECT_EQ(with([](auto& c) { c.arch = 100; }), KernelFamily::sm80);  // sm_90a code only
   EXPECT_EQ(with([](auto& c) { c.arch = 89; }), KernelFamily::sm80);
   EXPECT_EQ(with([](auto& c) { c.sixteen_bit = false; }), KernelFamily::sm80);
@@ -177,13 +175,16 @@ TEST(KernelFamily, Sm90RuleRow) {
 // A planned call: one split from FA3's rule at the sm90 tile, a requested split count above one
 // sends it to sm80.
 TEST(KernelFamily, Sm90NeedsOneSplit) {
-  const Sm90OptIn opt_in;
   PlanKey raw;
   raw.batch = 1, raw.max_seqlen_q = 4096, raw.max_seqlen_k = 4096;
   raw.num_heads = raw.num_heads_k = 16, raw.headdim = raw.headdim_v = 128, raw.dtype = DType::bf16;
   const PlanKey key = core::canonical_key(raw, core::DeviceInfo{132, 90});
   EXPECT_EQ(core::static_plan(key).kernel.family, KernelFamily::sm90);
   EXPECT_EQ(core::static_plan(key).num_splits, 1);
+  {
+    const Sm90OptOut off;
+    EXPECT_EQ(core::static_plan(key).kernel.family, KernelFamily::sm80);
+  }
   PlanKey split = key;
   split.num_splits = 2;
   EXPECT_EQ(core::static_plan(split).kernel.family, KernelFamily::sm80);

@@ -18,8 +18,11 @@ constexpr int prefill_block_n(int headdim) { return core::sm90_block_n(headdim);
 // 1: one consumer warp group (64 rows); 2: two consumer groups (128 rows) with the producer's
 // registers given to them; 3: 2 + the softmax of one key block overlapping the next GEMMs inside
 // a group; 4: 3 + the groups taking turns at the tensor cores (ping-pong).
+// Rung 3 runs: rung 4 is 2 % faster at d 128 and slower at d 64 / 256 (BENCHMARKS.md, session 5),
+// and compute-sanitizer's racecheck reports epilogue hazards in rung 4 only (a tool that counts
+// the turn barriers' bar.arrive as no barrier would see the groups one barrier apart there).
 constexpr int kRungs = 4;
-constexpr int kBestRung = 4;
+constexpr int kBestRung = 3;
 
 // Attention over `p` (one split; rows are query indices of one head, K / V head = query head /
 // kv_group) by rung `rung`'s kernel.
