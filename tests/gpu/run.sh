@@ -49,8 +49,10 @@ fi
  done) >"$OUT/resources.txt" 2>&1
 
 step random random.log "$RUNNER" random "$CASES" 1
-# The Hopper prefill family (sm_90 only): random prefill-shaped calls it takes, then its rungs timed.
-step sm90 sm90.log env KVFLASH_SM90=1 KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random "${SM90_CASES:-1000}" 1 sm90
+# The Hopper prefill family (sm_90 only): random prefill-shaped calls it takes, then its rungs timed;
+# the same prefill shapes on the portable kernels (KVFLASH_SM90=0), which sm_90 no longer picks.
+step sm90 sm90.log env KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random "${SM90_CASES:-1000}" 1 sm90
+step sm80prefill sm80prefill.log env KVFLASH_SM90=0 "$RUNNER" random "${SM80_PREFILL_CASES:-300}" 20001 prefill
 step sm90bench sm90bench.log "$RUNNER" sm90bench
 step graph graph.log "$RUNNER" graph
 step combine combine.log "$RUNNER" combine
@@ -62,7 +64,7 @@ sanitize() {  # sanitize TOOL CASES FIRST_SEED
   local t="timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool $1 --error-exitcode 9"
   $t "$RUNNER" random "$2" "$3" && $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 100 ))" split &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 200 ))" prefill &&
-    KVFLASH_SM90=1 $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 300 ))" sm90 && $t "$RUNNER" graph
+    $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 300 ))" sm90 && $t "$RUNNER" sm90bench small && $t "$RUNNER" graph
 }
 step memcheck memcheck.log sanitize memcheck "$MEMCHECK_CASES" 5001
 step racecheck racecheck.log sanitize racecheck "$RACECHECK_CASES" 7001
@@ -87,9 +89,10 @@ step floors floors.log floors
 echo
 echo "=== summary ($(head -1 "$OUT/resources.txt")) ==="
 printf '%-10s %s\n' step result
-for s in build random sm90 sm90bench graph combine badinput bitwise memcheck racecheck initcheck synccheck memcheck_badinput bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
+for s in build random sm90 sm80prefill sm90bench graph combine badinput bitwise memcheck racecheck initcheck synccheck memcheck_badinput bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
 grep -h "^random:" "$OUT/random.log" || true
 grep -h "^random sm90" "$OUT/sm90.log" || true
+grep -h "^random prefill" "$OUT/sm80prefill.log" || true
 grep -h "^sm90bench\|^b[0-9]" "$OUT/sm90bench.log" || true
 grep -h "^random " "$OUT/memcheck.log" "$OUT/racecheck.log" "$OUT/initcheck.log" "$OUT/synccheck.log" || true
 grep -h "^badinput:" "$OUT/badinput.log" "$OUT/memcheck_badinput.log" || true
