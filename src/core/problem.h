@@ -39,7 +39,8 @@ struct Problem {
   bool has_k = true;       // false with only_qv and k_cache absent
   bool has_qv = false;
   bool only_qv = false;
-  bool fp8 = false;
+  bool fp8 = false;        // q (and the cache) float8_e4m3fn: FA3's fp8 call
+  bool fp8_cache = false;  // k_cache / v_cache float8_e4m3fn, under an fp8 or a 16-bit q
   bool has_sinks = false;
 
   float softmax_scale = 0.0f;

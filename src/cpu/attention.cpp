@@ -103,11 +103,13 @@ struct Scratch {
   }
 };
 
-// The factor folded into q (and qv): softmax_scale, fp8 descales, and 1/softcap so that the
-// dot product is already the argument of tanh.
+// The factor folded into q (and qv): softmax_scale, the descales of the fp8 q and fp8 K cache,
+// and 1/softcap so that the dot product is already the argument of tanh. (qv never meets an fp8
+// V: validate() refuses qv over an fp8 cache.)
 float query_scale(const core::Problem& p, int b, int hk) {
   float scale = p.softmax_scale;
-  if (p.fp8) scale *= descale_at(p.args.q_descale, b, hk) * descale_at(p.args.k_descale, b, hk);
+  if (p.fp8) scale *= descale_at(p.args.q_descale, b, hk);
+  if (p.fp8_cache) scale *= descale_at(p.args.k_descale, b, hk);
   if (p.softcap > 0.0f) scale /= p.softcap;
   return scale;
 }
@@ -279,7 +281,7 @@ void write_rows(const Context& c, const Task& t, int positions, Scratch& w) {
   const core::SeqInfo& seq = c.seqs[size_t(t.b)];
   const SeqRows out(c.outputs.out, t.b, seq.q_offset);
   for_each_task_row(c, t, positions, [&](int i, int h, int row) {
-    const float out_scale = p.fp8 ? descale_at(p.args.v_descale, t.b, h / p.group) : 1.0f;
+    const float out_scale = p.fp8_cache ? descale_at(p.args.v_descale, t.b, h / p.group) : 1.0f;
     float* acc = &w.acc[size_t(row) * size_t(c.dim_v)];
     const float lse = finalize_row(w.m[size_t(row)], w.l[size_t(row)], sink_of(p, h, t.split),
                                    out_scale, acc, p.headdim_v);
