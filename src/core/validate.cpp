@@ -399,7 +399,7 @@ void check_heads(const KvCacheArgs& a, const CallShape& s) {
   if (dv > kMaxHeadDim && s.cache_dtype == DType::e4m3) {
     fail(ErrorKind::invalid_type, "v_cache",
          "HeaddimV > 256 requires fp16 and bf16 data type (headdim_v is " + to_string(dv) +
-             ", dtype is float8_e4m3fn)");
+             ", v_cache is float8_e4m3fn)");
   }
 }
 
