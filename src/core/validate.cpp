@@ -223,7 +223,7 @@ void check_presence(const KvCacheArgs& a) {
 
 // FA3 takes q, k_cache and v_cache of one dtype. kvflash also takes the form serving engines use
 // for fp8 KV caches: a 16-bit query (and qv, new k / v) over a cache whose k_cache and v_cache are
-// both float8_e4m3fn (contract 5.7). Every other mix is refused with FA3's wording.
+// both float8_e4m3fn (contract 5.8). Every other mix is refused with FA3's wording.
 void check_cache_dtypes(const KvCacheArgs& a, const char* query_name, DType dtype) {
   const bool fp8_cache = (a.k_cache && a.k_cache->dtype == DType::e4m3) || a.v_cache->dtype == DType::e4m3;
   if (!fp8_cache || !is_16bit(dtype)) {

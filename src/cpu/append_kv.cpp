@@ -23,7 +23,7 @@ struct NewRows {
 
 // One new row into its cache slot. Same dtype: a bit copy, the first rotary_dim channels
 // rotated in fp32 and rounded once, the others keeping their bits. A 16-bit row into an fp8
-// cache (contract 5.7): every channel, rotated first when rotary is on, becomes x / descale in
+// cache (contract 5.8): every channel, rotated first when rotary is on, becomes x / descale in
 // fp32 rounded once to e4m3 (nearest even, saturating at +-448, NaN kept): core::float_to_e4m3.
 // The descale is that of the query's batch element b (not of its cache row): the one attention
 // dequantises this sequence's keys with. Read only here: without an fp8 cache descales are

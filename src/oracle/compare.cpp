@@ -26,7 +26,7 @@ namespace kvflash::oracle {
 // LSE: |got - ref| <= lse_atol + score_rel * S   (S: the row's score bound)
 // A backend that keeps P in fp32 (fp32_probabilities) is held to one ulp of the out type instead
 // (fp16 2^-11, bf16 and fp8's bf16 out 2^-8), which is twice its final rounding.
-// A 16-bit query over an fp8 e4m3 cache (contract 5.7) takes the query's row, not e4m3's: e4m3
+// A 16-bit query over an fp8 e4m3 cache (contract 5.8) takes the query's row, not e4m3's: e4m3
 // values (3 mantissa bits, magnitudes 2^-9 .. 448) are exact in fp16 and bf16 and the descales
 // are fp32 factors, so the attention reads exact inputs and computes in the query's type; out is
 // in the query's type too. fp8's own rounding happens where new K/V are quantised into the cache,

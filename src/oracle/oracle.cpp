@@ -23,7 +23,7 @@ struct Shapes {
   int page_size = 1, capacity = 0;  // capacity: s_k, the static number of positions of a sequence
   int rotary_dim = 0;
   bool fp8 = false;        // q is float8_e4m3fn (and so is the cache)
-  bool fp8_cache = false;  // k_cache / v_cache are float8_e4m3fn, q fp8 or 16-bit (spec 5.7)
+  bool fp8_cache = false;  // k_cache / v_cache are float8_e4m3fn, q fp8 or 16-bit (contract 5.8)
   DType dtype = DType::bf16;
 };
 
@@ -135,13 +135,13 @@ bool rotate_queries_per_row(const KvCacheArgs& a, const Shapes& s) {
   return left >= 0 || right >= 0 || a.attention_chunk > 0;
 }
 
-// A descale of batch element b (spec 5.7): 1 when absent.
+// A descale of batch element b (contract 5.8): 1 when absent.
 double descale(const OptTensor& t, int b, int head_k) {
   if (!t) return 1.0;
   return element_value(*t, offset_of(*t, {b, head_k}));
 }
 
-// A new element in the query's 16-bit type, as it goes into an fp8 cache (spec 5.7): x / descale
+// A new element in the query's 16-bit type, as it goes into an fp8 cache (contract 5.8): x / descale
 // in fp32, then e4m3 rounded to nearest even, saturating at +-448; NaN stays NaN. Returns the
 // bits and, for a rotated element, turns `exact` and `cancellation` into the stored value's.
 uint32_t quantise(float x, double descale_value, AppendedElement& e) {
@@ -285,7 +285,7 @@ void attend(const KvCacheArgs& a, const Shapes& s, const Sequence& q, int b,
   std::vector<uint8_t> visible(static_cast<size_t>(q.seqlen_k));
   for (int h = 0; h < s.num_heads; ++h) {
     const int hk = h / group;
-    // Each descale undoes the scale of the fp8 tensor it is named for (spec 5.7); none otherwise.
+    // Each descale undoes the scale of the fp8 tensor it is named for (contract 5.8); none otherwise.
     const double score_descale = (s.fp8 ? descale(a.q_descale, b, hk) : 1.0) *
                                  (s.fp8_cache ? descale(a.k_descale, b, hk) : 1.0);
     const double value_descale = s.fp8_cache ? descale(a.v_descale, b, hk) : 1.0;

@@ -289,7 +289,7 @@ void draw_attention(Rng& rng, Config& c) {
   c.checked = rng.chance(0.2);
 }
 
-// About one case in five with a 16-bit query gets an fp8 e4m3 cache instead (contract 5.7). Drawn
+// About one case in five with a 16-bit query gets an fp8 e4m3 cache instead (contract 5.8). Drawn
 // from a stream of its own, so every other case is the one its seed gave before that form existed.
 bool draw_fp8_cache(uint64_t seed, DType dtype, const CaseLimits& limits) {
   const bool sixteen_bit = dtype == DType::f16 || dtype == DType::bf16;

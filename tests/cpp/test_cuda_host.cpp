@@ -327,7 +327,7 @@ TEST(CudaParams, SplitPartialsAndCombine) {
 }
 
 // fp8 runs on the CPU backend only so far: the CUDA backend refuses an fp8 call, and a 16-bit
-// query over an fp8 cache, before anything is launched (the CPU takes both: contract 5.7).
+// query over an fp8 cache, before anything is launched (the CPU takes both: contract 5.8).
 TEST(CudaParams, Fp8CallsAreRefusedByName) {
   const auto refusal = [](DType q_dtype) {
     DecodeCall call(2);

@@ -237,7 +237,7 @@ bool has_fp8_cache_under_16_bit_q(const std::vector<std::string>& features) {
   return false;
 }
 
-// The 16-bit query over an fp8 cache (contract 5.7) on its own, more of them than the mixed run
+// The 16-bit query over an fp8 cache (contract 5.8) on its own, more of them than the mixed run
 // above holds: the first `count` such seeds from `first_seed` under `limits`.
 int failed_fp8_cache_cases(uint64_t first_seed, int count, const CaseLimits& limits) {
   int failed = 0, ran = 0;

@@ -1,4 +1,4 @@
-// A 16-bit query over an fp8 e4m3 KV cache (contract 5.7): the quantisation rule of appended rows
+// A 16-bit query over an fp8 e4m3 KV cache (contract 5.8): the quantisation rule of appended rows
 // (x / descale in fp32, rounded to nearest even e4m3, saturating at +-448, NaN kept) on chosen
 // values, in the CPU backend and in the oracle, and which batch element's descale a row takes.
 // The attention itself is covered by the differential test's fp8-cache cases.

@@ -106,7 +106,7 @@ const std::vector<Breakage> kMetadataBreakages = {
      "query and key must have the same dtype (expected float32, got float16)"},
     {"v_cache_dtype", {}, [](Call& c) { c.args.v_cache->dtype = DType::bf16; }, kType,
      "query and value must have the same dtype"},
-    // a 16-bit query over an fp8 cache (contract 5.7): the one mix accepted; the rest refused
+    // a 16-bit query over an fp8 cache (contract 5.8): the one mix accepted; the rest refused
     {"fp8_k_cache_bf16_v_cache", kBf16, [](Call& c) { c.args.k_cache->dtype = DType::e4m3; }, kType,
      "a bfloat16 q over an fp8 KV cache needs k_cache and v_cache both float8_e4m3fn (expected "
      "float8_e4m3fn, got bfloat16)"},
