@@ -222,10 +222,12 @@ void check_presence(const KvCacheArgs& a) {
 }
 
 // FA3 takes q, k_cache and v_cache of one dtype. kvflash also takes the form serving engines use
-// for fp8 KV caches: a 16-bit query (and qv, new k / v) over a cache whose k_cache and v_cache are
-// both float8_e4m3fn (contract 5.8). Every other mix is refused with FA3's wording.
+// for fp8 KV caches: a 16-bit query (new k / v in its dtype) over a cache whose k_cache and v_cache
+// are both float8_e4m3fn (contract 5.8); qv is not supported there yet. Every other mix is refused
+// with FA3's wording.
 void check_cache_dtypes(const KvCacheArgs& a, const char* query_name, DType dtype) {
-  const bool fp8_cache = (a.k_cache && a.k_cache->dtype == DType::e4m3) || a.v_cache->dtype == DType::e4m3;
+  const bool fp8_cache =
+      (a.k_cache && a.k_cache->dtype == DType::e4m3) || a.v_cache->dtype == DType::e4m3;
   if (!fp8_cache || !is_16bit(dtype)) {
     if (a.k_cache) {
       require_dtype(*a.k_cache, "k_cache", dtype, "query and key must have the same dtype");

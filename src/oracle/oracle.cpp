@@ -141,9 +141,10 @@ double descale(const OptTensor& t, int b, int head_k) {
   return element_value(*t, offset_of(*t, {b, head_k}));
 }
 
-// A new element in the query's 16-bit type, as it goes into an fp8 cache (contract 5.8): x / descale
-// in fp32, then e4m3 rounded to nearest even, saturating at +-448; NaN stays NaN. Returns the
-// bits and, for a rotated element, turns `exact` and `cancellation` into the stored value's.
+// A new element in the query's 16-bit type, as it goes into an fp8 cache (contract 5.8):
+// x / descale in fp32, then e4m3 rounded to nearest even, saturating at +-448; NaN stays NaN.
+// Returns the bits and, for a rotated element, turns `exact` and `cancellation` into the stored
+// value's.
 uint32_t quantise(float x, double descale_value, AppendedElement& e) {
   const auto d = static_cast<float>(descale_value);
   if (e.rotated) {
@@ -285,7 +286,7 @@ void attend(const KvCacheArgs& a, const Shapes& s, const Sequence& q, int b,
   std::vector<uint8_t> visible(static_cast<size_t>(q.seqlen_k));
   for (int h = 0; h < s.num_heads; ++h) {
     const int hk = h / group;
-    // Each descale undoes the scale of the fp8 tensor it is named for (contract 5.8); none otherwise.
+    // Each descale undoes the scale of the fp8 tensor it is named for (contract 5.8), no other.
     const double score_descale = (s.fp8 ? descale(a.q_descale, b, hk) : 1.0) *
                                  (s.fp8_cache ? descale(a.k_descale, b, hk) : 1.0);
     const double value_descale = s.fp8_cache ? descale(a.v_descale, b, hk) : 1.0;

@@ -476,7 +476,9 @@ TensorView descale_tensor(Rng& rng, Case& k, const Config& c) {
   TensorView t = k.allocate(DType::f32, {c.batch, c.heads_k}, strides, true);
   // Small descales put new rows of magnitude <= 1 up to 640 / 448 past fp8's range.
   const double lo = c.small_descales ? 1.0 / 640 : 0.25, hi = c.small_descales ? 1.0 / 64 : 2.0;
-  for (int i = 0; i < c.batch * c.heads_k; ++i) t.ptr<float>()[i] = static_cast<float>(rng.real(lo, hi));
+  for (int i = 0; i < c.batch * c.heads_k; ++i) {
+    t.ptr<float>()[i] = static_cast<float>(rng.real(lo, hi));
+  }
   return t;
 }
 
@@ -612,7 +614,8 @@ std::vector<std::string> feature_tags(const Config& c) {
 
 std::string summarize(const Config& c) {
   std::ostringstream os;
-  os << dtype_tag(c.dtype) << (c.cache_dtype != c.dtype ? "/e4m3-cache" : "") << " b=" << c.batch << " h=" << c.heads << "/" << c.heads_k
+  os << dtype_tag(c.dtype) << (c.cache_dtype != c.dtype ? "/e4m3-cache" : "");
+  os << " b=" << c.batch << " h=" << c.heads << "/" << c.heads_k
      << " d=" << c.headdim << "/" << c.headdim_v << (c.qv ? (c.only_qv ? " only_qv" : " qv") : "")
      << (c.q_absent ? " q=None" : "") << (c.k_cache_absent ? " k_cache=None" : "")
      << (c.varlen_q ? " varlen" : " dense") << " s_q=" << c.seqlen_q << " cap=" << c.capacity;
