@@ -10,8 +10,8 @@ namespace kvflash::core {
 struct Problem {
   KvCacheArgs args;       // the caller's views (absent tensors are nullopt)
   Device device{};
-  DType dtype = DType::bf16;      // of q / k_cache / v_cache (v_cache's when only_qv)
-  DType out_dtype = DType::bf16;  // q's dtype, bf16 for fp8 input
+  DType dtype = DType::bf16;      // of q (qv's when q is absent); the caches' unless fp8_cache
+  DType out_dtype = DType::bf16;  // q's (or qv's) dtype, bf16 for fp8 input
 
   int batch = 0;
   int seqlen_q = 0;        // static s_q (max_seqlen_q when varlen)

@@ -140,7 +140,7 @@ CallShape call_shape(const KvCacheArgs& args) {
   s.query = args.q ? &*args.q : &*args.qv;
   const TensorView& query = *s.query;
   s.device = query.device;
-  s.dtype = args.q ? args.q->dtype : v_cache.dtype;
+  s.dtype = query.dtype;  // qv's without q: the caches' too, except under a 16-bit qv over fp8
   s.cache_dtype = v_cache.dtype;
   s.varlen_q = args.cu_seqlens_q.has_value();
   if (s.varlen_q) {
@@ -222,9 +222,8 @@ void check_presence(const KvCacheArgs& a) {
 }
 
 // FA3 takes q, k_cache and v_cache of one dtype. kvflash also takes the form serving engines use
-// for fp8 KV caches: a 16-bit query (new k / v in its dtype) over a cache whose k_cache and v_cache
-// are both float8_e4m3fn (contract 5.8); qv is not supported there yet. Every other mix is refused
-// with FA3's wording.
+// for fp8 KV caches: a 16-bit query (qv, new k / v in its dtype) over a cache whose k_cache and
+// v_cache are both float8_e4m3fn (contract 5.8). Every other mix is refused with FA3's wording.
 void check_cache_dtypes(const KvCacheArgs& a, const char* query_name, DType dtype) {
   const bool fp8_cache =
       (a.k_cache && a.k_cache->dtype == DType::e4m3) || a.v_cache->dtype == DType::e4m3;
@@ -239,11 +238,6 @@ void check_cache_dtypes(const KvCacheArgs& a, const char* query_name, DType dtyp
                             " over an fp8 KV cache needs k_cache and v_cache both float8_e4m3fn";
   if (a.k_cache) require_dtype(*a.k_cache, "k_cache", DType::e4m3, mixed);
   require_dtype(*a.v_cache, "v_cache", DType::e4m3, mixed);
-  if (a.qv) {
-    fail(ErrorKind::unsupported, "qv",
-         "qv (MLA's absorbed query) over an fp8 KV cache is not supported yet (qv is " +
-             std::string(dtype_name(a.qv->dtype)) + ", v_cache is float8_e4m3fn)");
-  }
 }
 
 // Steps 2-3: dtypes of q / k_cache / v_cache, one device, contiguous last dimensions, ranks.

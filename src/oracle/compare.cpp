@@ -78,9 +78,9 @@ class Checker {
   Checker(const Case& c, const OracleResult& ref, Comparison& result, ToleranceProfile profile)
       : c_(c), ref_(ref), result_(result), tol_(tolerance_for(input_dtype(c), profile)) {}
 
-  // The query's dtype picks the row, also over an fp8 cache (see the table).
+  // The query's (q's, else qv's) dtype picks the row, also over an fp8 cache (see the table).
   static DType input_dtype(const Case& c) {
-    return c.args.q ? c.args.q->dtype : c.args.v_cache->dtype;
+    return c.args.q ? c.args.q->dtype : c.args.qv->dtype;
   }
 
   // One value against its reference and bound; NaN never passes.

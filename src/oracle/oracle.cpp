@@ -55,7 +55,7 @@ Shapes read_shapes(const KvCacheArgs& a) {
   s.has_new = a.k.has_value();
   s.new_packed = s.has_new && a.cu_seqlens_k_new.has_value();
   s.rotary_dim = a.rotary_cos ? static_cast<int>(2 * a.rotary_cos->shape[1]) : 0;
-  s.dtype = a.q ? a.q->dtype : v_cache.dtype;
+  s.dtype = query.dtype;
   s.fp8 = s.dtype == DType::e4m3;
   s.fp8_cache = v_cache.dtype == DType::e4m3;
   return s;
@@ -304,9 +304,9 @@ void attend(const KvCacheArgs& a, const Shapes& s, const Sequence& q, int b,
         const double* kj = use_q ? &keys[(static_cast<size_t>(j) * s.num_heads_k + hk) * d] : nullptr;
         const double* vj = &values[(static_cast<size_t>(j) * s.num_heads_k + hk) * dv];
         double raw = 0.0;
-        if (use_q) raw += dot(qi, kj, d);
-        if (use_qv) raw += dot(qvi, vj, dv);
-        double score = raw * score_descale * scale;
+        if (use_q) raw += dot(qi, kj, d) * score_descale;
+        if (use_qv) raw += dot(qvi, vj, dv) * value_descale;
+        double score = raw * scale;
         if (a.softcap > 0.0f) score = a.softcap * std::tanh(score / a.softcap);
         scores[j] = score;
         row_max = std::max(row_max, score);
@@ -319,8 +319,9 @@ void attend(const KvCacheArgs& a, const Shapes& s, const Sequence& q, int b,
       double* out = &result.out[row * dv];
       result.empty_row[row] = !any;
       result.value_scale[row] = value_max * std::fabs(value_descale);
-      result.score_scale[row] = std::fabs(scale * score_descale) *
-          ((use_q ? norm(qi, d) * key_norm : 0.0) + (use_qv ? norm(qvi, dv) * value_norm : 0.0));
+      result.score_scale[row] = std::fabs(scale) *
+          ((use_q ? norm(qi, d) * key_norm * std::fabs(score_descale) : 0.0) +
+           (use_qv ? norm(qvi, dv) * value_norm * std::fabs(value_descale) : 0.0));
       // The sink is one more logit with a zero value: it enlarges the denominator only.
       if (has_sink) row_max = std::max(row_max, sink);
       if (!any && !has_sink) {

@@ -94,14 +94,15 @@ void draw_dims(Rng& rng, Config& c, const CaseLimits& limits) {
     return;
   }
   const double r = rng.real();
-  // An fp8 cache takes fp8's head dims (multiples of 16, at most 256) and no qv, also under a
-  // 16-bit query.
+  // An fp8 cache takes fp8's head dims (multiples of 16, at most 256), also under a 16-bit query.
   const bool sixteen_bit = c.cache_dtype == DType::f16 || c.cache_dtype == DType::bf16;
-  // MLA-style qv (d <= 64, d_v >= 256): fp16/bf16 upstream, and fp32 on kvflash's CPU backend.
-  if ((sixteen_bit || c.dtype == DType::f32) && r < 0.1) {
+  const bool fp8_cache_16_bit_q = c.cache_dtype != c.dtype;
+  // MLA-style qv (d <= 64, d_v >= 256): fp16/bf16 upstream, and fp32 on kvflash's CPU backend;
+  // over an fp8 cache (16-bit qv) d_v is 256.
+  if ((sixteen_bit || c.dtype == DType::f32 || fp8_cache_16_bit_q) && r < 0.1) {
     c.qv = true;
-    c.headdim = 8 * rng.uniform(4, 8);
-    c.headdim_v = rng.pick({256, 512});
+    c.headdim = fp8_cache_16_bit_q ? 16 * rng.uniform(2, 4) : 8 * rng.uniform(4, 8);
+    c.headdim_v = fp8_cache_16_bit_q ? 256 : rng.pick({256, 512});
     c.only_qv = rng.chance(0.4);
     c.q_absent = c.only_qv && rng.chance(0.5);
     c.k_cache_absent = c.only_qv && rng.chance(0.5);
@@ -585,6 +586,8 @@ std::vector<std::string> feature_tags(const Config& c) {
   add(fp8_kv, std::string("fp8_kv_cache_q_") + dtype_tag(c.dtype));
   add(fp8_kv && (c.k_descale || c.v_descale), "fp8_kv_descales");
   add(fp8_kv && c.append, "fp8_kv_append");
+  add(fp8_kv && c.qv, "fp8_kv_qv");
+  add(fp8_kv && c.q_absent, "fp8_kv_q_absent");
   add(fp8_kv && c.rotary_dim > 0, "fp8_kv_rotary");
   add(fp8_kv && c.small_descales && (c.k_descale || c.v_descale), "fp8_kv_saturating");
   t.push_back("num_splits=" + std::string(c.num_splits == 0 ? "0" : c.num_splits == 1 ? "1" : c.num_splits == 3 ? "3" : "many"));

@@ -222,7 +222,7 @@ TEST(Differential, GeneratorCoversEveryFeature) {
       "softcap", "sinks_f32", "sinks_bf16", "heads=1/1", "heads=8/1", "heads=32/8", "heads=63/7",
       "headdim=64/512", "headdim=192/128", "qv", "only_qv", "q_absent", "k_cache_absent",
       "fp8_descales", "descales_ignored", "fp8_rotary", "fp8_kv_cache_q_bf16", "fp8_kv_cache_q_f16",
-      "fp8_kv_descales", "fp8_kv_append", "fp8_kv_rotary", "fp8_kv_saturating", "num_splits=0", "num_splits=1", "num_splits=3", "num_splits=many",
+      "fp8_kv_descales", "fp8_kv_append", "fp8_kv_rotary", "fp8_kv_saturating", "fp8_kv_qv", "fp8_kv_q_absent", "num_splits=0", "num_splits=1", "num_splits=3", "num_splits=many",
       "batch>=16", "context>=1000", "seqlen_q>=100", "empty_q_sequence", "empty_k_sequence", "all_keys_empty", "size=large",
       "shared_pages", "cache_strided_padded", "cache_heads_outer", "inputs_strided", "checked_mode"};
   for (const char* tag : required) {

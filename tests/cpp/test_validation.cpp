@@ -115,10 +115,13 @@ const std::vector<Breakage> kMetadataBreakages = {
     {"fp8_q_bf16_cache", kFp8,
      [](Call& c) { c.args.k_cache->dtype = c.args.v_cache->dtype = DType::bf16; }, kType,
      "query and key must have the same dtype (expected float8_e4m3fn, got bfloat16)"},
-    {"qv_over_fp8_cache", {.headdim_v = 256, .dtype = DType::bf16, .qv = true}, to_fp8_cache,
-     ErrorKind::unsupported,
-     "qv (MLA's absorbed query) over an fp8 KV cache is not supported yet (qv is bfloat16, "
-     "v_cache is float8_e4m3fn)"},
+    {"qv_fp8_over_fp8_cache", {.headdim_v = 256, .dtype = DType::bf16, .qv = true},
+     [](Call& c) {
+       to_fp8_cache(c);
+       c.args.qv->dtype = DType::e4m3;
+     },
+     kType, "q_v is only supported for fp16 and bf16 data type (and float32 on the CPU; got "
+     "float8_e4m3fn)"},
     {"q_descale_over_fp8_cache", kBf16,
      [](Call& c) {
        to_fp8_cache(c);
