@@ -1,6 +1,7 @@
 // The reference is written as a reader of the spec would compute it by hand: every length resolved
 // per sequence, every key found by walking the page table, every score of the (S_q x S_k) matrix
-// materialised in float64 and every mask rule tested literally. Speed is not a goal.
+// materialised in float64 and every mask rule tested literally. Speed is not a goal, except that
+// independent rows run on several threads (the GPU runner's prefill cases took seconds each).
 #include "oracle.h"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "parallel_for.h"
 #include "scalar_types.h"
 
 namespace kvflash::oracle {
@@ -250,71 +252,143 @@ double softmax_scale(const KvCacheArgs& a, const Shapes& s) {
   return 1.0 / std::sqrt(static_cast<double>(s.headdim + (a.qv ? s.headdim_v : 0)));
 }
 
-// Scores, masks, softmax with sink, out and LSE of one batch element (spec 5.3-5.6).
-void attend(const KvCacheArgs& a, const Shapes& s, const Sequence& q, int b,
-            const std::vector<double>& queries, const std::vector<double>& query_values,
-            const std::vector<double>& keys, const std::vector<double>& values,
-            OracleResult& result) {
-  const int group = s.num_heads / s.num_heads_k;
+// What a sequence's attention reads: its lengths, and its keys, values and query rows resolved
+// (gathered from the cache and the appended rows, queries rotated).
+struct SequenceInputs {
+  Sequence q;
+  int b = 0;
+  std::vector<double> new_keys, new_values;  // appended rows, (t, h_k, d|d_v); freed once gathered
+  std::vector<double> keys, values, queries, query_values;
+};
+
+void gather_inputs(const KvCacheArgs& a, const Shapes& s, SequenceInputs& in) {
+  const bool use_q = a.q && a.k_cache && !a.only_qv;
+  if (use_q) in.keys = gather(a, s, in.q, *a.k_cache, in.new_keys);
+  in.values = gather(a, s, in.q, *a.v_cache, in.new_values);
+  if (use_q) in.queries = read_queries(a, s, in.q, in.b, *a.q, s.rotary_dim > 0);
+  if (a.qv) in.query_values = read_queries(a, s, in.q, in.b, *a.qv, false);
+  in.new_keys = {};
+  in.new_values = {};
+}
+
+// What a query head's rows share: its kv head, its descales and its sink.
+struct Head {
+  int h = 0, hk = 0;
+  double score_descale = 1.0, value_descale = 1.0;
+  bool has_sink = false;
+  double sink = 0.0;
+};
+
+Head head_of(const KvCacheArgs& a, const Shapes& s, int b, int h) {
+  Head head;
+  head.h = h;
+  head.hk = h / (s.num_heads / s.num_heads_k);
+  head.score_descale = s.fp8 ? descale(a.q_descale, b, head.hk) * descale(a.k_descale, b, head.hk) : 1.0;
+  head.value_descale = s.fp8 ? descale(a.v_descale, b, head.hk) : 1.0;
+  head.has_sink = a.sinks.has_value();
+  head.sink = head.has_sink ? element_value(*a.sinks, h * a.sinks->stride(0)) : 0.0;
+  return head;
+}
+
+// Scores, masks, softmax with sink, out and LSE of query row i of one head (spec 5.3-5.6). Writes
+// that (token, head)'s outputs only. `scores` and `visible` are scratch of S_k entries.
+void attend_row(const KvCacheArgs& a, const Shapes& s, const SequenceInputs& in, const Head& head,
+                int i, std::vector<double>& scores, std::vector<uint8_t>& visible,
+                OracleResult& result) {
+  const Sequence& q = in.q;
+  const int h = head.h, hk = head.hk;
   const int d = s.headdim, dv = s.headdim_v;
   const bool use_q = a.q && a.k_cache && !a.only_qv;
   const bool use_qv = a.qv.has_value();
   const double scale = softmax_scale(a, s);
-  std::vector<double> scores(static_cast<size_t>(q.seqlen_k));
-  std::vector<uint8_t> visible(static_cast<size_t>(q.seqlen_k));
-  for (int h = 0; h < s.num_heads; ++h) {
-    const int hk = h / group;
-    const double score_descale = s.fp8 ? descale(a.q_descale, b, hk) * descale(a.k_descale, b, hk) : 1.0;
-    const double value_descale = s.fp8 ? descale(a.v_descale, b, hk) : 1.0;
-    const bool has_sink = a.sinks.has_value();
-    const double sink = has_sink ? element_value(*a.sinks, h * a.sinks->stride(0)) : 0.0;
-    for (int i = 0; i < q.seqlen_q; ++i) {
-      const double* qi = use_q ? &queries[(static_cast<size_t>(i) * s.num_heads + h) * d] : nullptr;
-      const double* qvi = use_qv ? &query_values[(static_cast<size_t>(i) * s.num_heads + h) * dv] : nullptr;
-      double row_max = kNegInf, key_norm = 0.0, value_norm = 0.0, value_max = 0.0;
-      bool any = false;
-      for (int j = 0; j < q.seqlen_k; ++j) {
-        visible[j] = key_visible(a, q, i, j);
-        if (!visible[j]) continue;
-        any = true;
-        const double* kj = use_q ? &keys[(static_cast<size_t>(j) * s.num_heads_k + hk) * d] : nullptr;
-        const double* vj = &values[(static_cast<size_t>(j) * s.num_heads_k + hk) * dv];
-        double raw = 0.0;
-        if (use_q) raw += dot(qi, kj, d);
-        if (use_qv) raw += dot(qvi, vj, dv);
-        double score = raw * score_descale * scale;
-        if (a.softcap > 0.0f) score = a.softcap * std::tanh(score / a.softcap);
-        scores[j] = score;
-        row_max = std::max(row_max, score);
-        if (use_q) key_norm = std::max(key_norm, norm(kj, d));
-        if (use_qv) value_norm = std::max(value_norm, norm(vj, dv));
-        for (int c = 0; c < dv; ++c) value_max = std::max(value_max, std::fabs(vj[c]));
+  const double* qi = use_q ? &in.queries[(static_cast<size_t>(i) * s.num_heads + h) * d] : nullptr;
+  const double* qvi = use_qv ? &in.query_values[(static_cast<size_t>(i) * s.num_heads + h) * dv] : nullptr;
+  double row_max = kNegInf, key_norm = 0.0, value_norm = 0.0, value_max = 0.0;
+  bool any = false;
+  for (int j = 0; j < q.seqlen_k; ++j) {
+    visible[j] = key_visible(a, q, i, j);
+    if (!visible[j]) continue;
+    any = true;
+    const double* kj = use_q ? &in.keys[(static_cast<size_t>(j) * s.num_heads_k + hk) * d] : nullptr;
+    const double* vj = &in.values[(static_cast<size_t>(j) * s.num_heads_k + hk) * dv];
+    double raw = 0.0;
+    if (use_q) raw += dot(qi, kj, d);
+    if (use_qv) raw += dot(qvi, vj, dv);
+    double score = raw * head.score_descale * scale;
+    if (a.softcap > 0.0f) score = a.softcap * std::tanh(score / a.softcap);
+    scores[j] = score;
+    row_max = std::max(row_max, score);
+    if (use_q) key_norm = std::max(key_norm, norm(kj, d));
+    if (use_qv) value_norm = std::max(value_norm, norm(vj, dv));
+    for (int c = 0; c < dv; ++c) value_max = std::max(value_max, std::fabs(vj[c]));
+  }
+  const int64_t token = q.q_offset + i;
+  const int64_t row = result.row_index(token, h);
+  double* out = &result.out[row * dv];
+  result.empty_row[row] = !any;
+  result.value_scale[row] = value_max * std::fabs(head.value_descale);
+  result.score_scale[row] = std::fabs(scale * head.score_descale) *
+      ((use_q ? norm(qi, d) * key_norm : 0.0) + (use_qv ? norm(qvi, dv) * value_norm : 0.0));
+  // The sink is one more logit with a zero value: it enlarges the denominator only.
+  if (head.has_sink) row_max = std::max(row_max, head.sink);
+  if (!any && !head.has_sink) {
+    result.lse[result.lse_index(token, h)] = kNegInf;
+    return;  // out stays 0
+  }
+  double denominator = head.has_sink ? std::exp(head.sink - row_max) : 0.0;
+  for (int j = 0; j < q.seqlen_k; ++j) {
+    if (!visible[j]) continue;
+    const double p = std::exp(scores[j] - row_max);
+    denominator += p;
+    const double* vj = &in.values[(static_cast<size_t>(j) * s.num_heads_k + hk) * dv];
+    for (int c = 0; c < dv; ++c) out[c] += p * vj[c];
+  }
+  for (int c = 0; c < dv; ++c) out[c] *= head.value_descale / denominator;
+  result.lse[result.lse_index(token, h)] = row_max + std::log(denominator);
+}
+
+// About the multiply-adds of one query row against every key: the unit of the work estimates.
+int64_t row_work(const Shapes& s, const Sequence& q) {
+  return int64_t{q.seqlen_k} * (s.headdim + 2 * s.headdim_v);
+}
+
+// A unit of parallel work: rows [first, end) of one query head of one sequence. Rows are
+// grouped so that a block is worth handing to a thread even when S_k and d are small.
+struct RowBlock {
+  int sequence = 0, h = 0, first = 0, end = 0;
+};
+
+std::vector<RowBlock> row_blocks(const Shapes& s, const std::vector<SequenceInputs>& sequences) {
+  constexpr int64_t kBlockWork = int64_t{1} << 16;
+  std::vector<RowBlock> blocks;
+  for (int n = 0; n < static_cast<int>(sequences.size()); ++n) {
+    const Sequence& q = sequences[n].q;
+    const int64_t rows = std::clamp<int64_t>(kBlockWork / std::max<int64_t>(row_work(s, q), 1), 1,
+                                             std::max(q.seqlen_q, 1));
+    for (int h = 0; h < s.num_heads; ++h) {
+      for (int first = 0; first < q.seqlen_q; first += static_cast<int>(rows)) {
+        blocks.push_back({n, h, first, static_cast<int>(std::min<int64_t>(first + rows, q.seqlen_q))});
       }
-      const int64_t token = q.q_offset + i;
-      const int64_t row = result.row_index(token, h);
-      double* out = &result.out[row * dv];
-      result.empty_row[row] = !any;
-      result.value_scale[row] = value_max * std::fabs(value_descale);
-      result.score_scale[row] = std::fabs(scale * score_descale) *
-          ((use_q ? norm(qi, d) * key_norm : 0.0) + (use_qv ? norm(qvi, dv) * value_norm : 0.0));
-      // The sink is one more logit with a zero value: it enlarges the denominator only.
-      if (has_sink) row_max = std::max(row_max, sink);
-      if (!any && !has_sink) {
-        result.lse[result.lse_index(token, h)] = kNegInf;
-        continue;  // out stays 0
-      }
-      double denominator = has_sink ? std::exp(sink - row_max) : 0.0;
-      for (int j = 0; j < q.seqlen_k; ++j) {
-        if (!visible[j]) continue;
-        const double p = std::exp(scores[j] - row_max);
-        denominator += p;
-        const double* vj = &values[(static_cast<size_t>(j) * s.num_heads_k + hk) * dv];
-        for (int c = 0; c < dv; ++c) out[c] += p * vj[c];
-      }
-      for (int c = 0; c < dv; ++c) out[c] *= value_descale / denominator;
-      result.lse[result.lse_index(token, h)] = row_max + std::log(denominator);
     }
   }
+  return blocks;
+}
+
+void attend_block(const KvCacheArgs& a, const Shapes& s, const SequenceInputs& in,
+                  const RowBlock& block, OracleResult& result) {
+  const Head head = head_of(a, s, in.b, block.h);
+  std::vector<double> scores(static_cast<size_t>(in.q.seqlen_k));
+  std::vector<uint8_t> visible(static_cast<size_t>(in.q.seqlen_k));
+  for (int i = block.first; i < block.end; ++i) attend_row(a, s, in, head, i, scores, visible, result);
+}
+
+// Threads for a call: below this many multiply-adds, starting threads costs more than it saves.
+int threads_for(const Shapes& s, const std::vector<SequenceInputs>& sequences, int requested) {
+  if (requested > 0) return requested;
+  constexpr int64_t kMinParallelWork = int64_t{1} << 20;
+  int64_t work = 0;
+  for (const SequenceInputs& in : sequences) work += row_work(s, in.q) * in.q.seqlen_q * s.num_heads;
+  return work < kMinParallelWork ? 1 : default_oracle_threads();
 }
 
 }  // namespace
@@ -325,7 +399,7 @@ int64_t OracleResult::lse_index(int64_t token, int head) const {
   return (b * num_heads + head) * seqlen_q + i;
 }
 
-OracleResult run_oracle(const KvCacheArgs& a) {
+OracleResult run_oracle(const KvCacheArgs& a, int threads) {
   if (!a.v_cache || (!a.q && !a.qv)) throw std::invalid_argument("oracle: v_cache and q or qv are required");
   const Shapes s = read_shapes(a);
   OracleResult result;
@@ -344,23 +418,25 @@ OracleResult run_oracle(const KvCacheArgs& a) {
   result.score_scale.assign(rows, 0.0);
   result.token_batch.assign(static_cast<size_t>(s.total_q), -1);
 
-  const bool use_q = a.q && a.k_cache && !a.only_qv;
+  // The appends run serially, in sequence order (`appended` lists them in that order); every
+  // later step reads shared inputs and writes only its own sequence's or row's data.
+  std::vector<SequenceInputs> sequences(static_cast<size_t>(s.batch));
   for (int b = 0; b < s.batch; ++b) {
-    const Sequence q = read_sequence(a, s, b);
-    for (int i = 0; i < q.seqlen_q; ++i) result.token_batch[q.q_offset + i] = b;
-    std::vector<double> new_keys, new_values;
+    SequenceInputs& in = sequences[b];
+    in.b = b;
+    in.q = read_sequence(a, s, b);
+    for (int i = 0; i < in.q.seqlen_q; ++i) result.token_batch[in.q.q_offset + i] = b;
     if (s.has_new) {
-      if (a.k_cache) append_new_rows(a, s, q, b, false, new_keys, result);
-      append_new_rows(a, s, q, b, true, new_values, result);
+      if (a.k_cache) append_new_rows(a, s, in.q, b, false, in.new_keys, result);
+      append_new_rows(a, s, in.q, b, true, in.new_values, result);
     }
-    const std::vector<double> keys = use_q ? gather(a, s, q, *a.k_cache, new_keys) : std::vector<double>{};
-    const std::vector<double> values = gather(a, s, q, *a.v_cache, new_values);
-    const std::vector<double> queries =
-        use_q ? read_queries(a, s, q, b, *a.q, s.rotary_dim > 0) : std::vector<double>{};
-    const std::vector<double> query_values =
-        a.qv ? read_queries(a, s, q, b, *a.qv, false) : std::vector<double>{};
-    attend(a, s, q, b, queries, query_values, keys, values, result);
   }
+  const int workers = threads_for(s, sequences, threads);
+  parallel_for(s.batch, workers, [&](int64_t b) { gather_inputs(a, s, sequences[b]); });
+  const std::vector<RowBlock> blocks = row_blocks(s, sequences);
+  parallel_for(static_cast<int64_t>(blocks.size()), workers, [&](int64_t n) {
+    attend_block(a, s, sequences[blocks[n].sequence], blocks[n], result);
+  });
   return result;
 }
 
