@@ -259,7 +259,24 @@ struct SequenceInputs {
   int b = 0;
   std::vector<double> new_keys, new_values;  // appended rows, (t, h_k, d|d_v); freed once gathered
   std::vector<double> keys, values, queries, query_values;
+  // Per (j, h_k), computed once rather than for every query row that sees the key: |k_j|, |v_j|
+  // (qv only) and max_c |v_j[c]|, for the rows' error scales.
+  std::vector<double> key_norms, value_norms, value_max;
 };
+
+// Per (j, h_k) of `rows` (S_k, h_k, dim): fn(pointer to the row, dim).
+template <class Fn>
+std::vector<double> per_key(const std::vector<double>& rows, int keys, int heads_k, int dim, Fn fn) {
+  std::vector<double> result(static_cast<size_t>(keys) * heads_k);
+  for (size_t n = 0; n < result.size(); ++n) result[n] = fn(&rows[n * dim], dim);
+  return result;
+}
+
+double max_abs(const double* x, int n) {
+  double m = 0.0;
+  for (int c = 0; c < n; ++c) m = std::max(m, std::fabs(x[c]));
+  return m;
+}
 
 void gather_inputs(const KvCacheArgs& a, const Shapes& s, SequenceInputs& in) {
   const bool use_q = a.q && a.k_cache && !a.only_qv;
@@ -267,6 +284,10 @@ void gather_inputs(const KvCacheArgs& a, const Shapes& s, SequenceInputs& in) {
   in.values = gather(a, s, in.q, *a.v_cache, in.new_values);
   if (use_q) in.queries = read_queries(a, s, in.q, in.b, *a.q, s.rotary_dim > 0);
   if (a.qv) in.query_values = read_queries(a, s, in.q, in.b, *a.qv, false);
+  const int keys = in.q.seqlen_k, heads_k = s.num_heads_k;
+  if (use_q) in.key_norms = per_key(in.keys, keys, heads_k, s.headdim, norm);
+  if (a.qv) in.value_norms = per_key(in.values, keys, heads_k, s.headdim_v, norm);
+  in.value_max = per_key(in.values, keys, heads_k, s.headdim_v, max_abs);
   in.new_keys = {};
   in.new_values = {};
 }
@@ -309,8 +330,9 @@ void attend_row(const KvCacheArgs& a, const Shapes& s, const SequenceInputs& in,
     visible[j] = key_visible(a, q, i, j);
     if (!visible[j]) continue;
     any = true;
-    const double* kj = use_q ? &in.keys[(static_cast<size_t>(j) * s.num_heads_k + hk) * d] : nullptr;
-    const double* vj = &in.values[(static_cast<size_t>(j) * s.num_heads_k + hk) * dv];
+    const size_t key = static_cast<size_t>(j) * s.num_heads_k + hk;
+    const double* kj = use_q ? &in.keys[key * d] : nullptr;
+    const double* vj = &in.values[key * dv];
     double raw = 0.0;
     if (use_q) raw += dot(qi, kj, d);
     if (use_qv) raw += dot(qvi, vj, dv);
@@ -318,9 +340,9 @@ void attend_row(const KvCacheArgs& a, const Shapes& s, const SequenceInputs& in,
     if (a.softcap > 0.0f) score = a.softcap * std::tanh(score / a.softcap);
     scores[j] = score;
     row_max = std::max(row_max, score);
-    if (use_q) key_norm = std::max(key_norm, norm(kj, d));
-    if (use_qv) value_norm = std::max(value_norm, norm(vj, dv));
-    for (int c = 0; c < dv; ++c) value_max = std::max(value_max, std::fabs(vj[c]));
+    if (use_q) key_norm = std::max(key_norm, in.key_norms[key]);
+    if (use_qv) value_norm = std::max(value_norm, in.value_norms[key]);
+    value_max = std::max(value_max, in.value_max[key]);
   }
   const int64_t token = q.q_offset + i;
   const int64_t row = result.row_index(token, h);
