@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 
 #include "parallel_for.h"
@@ -170,13 +171,12 @@ void append_new_rows(const KvCacheArgs& a, const Shapes& s, const Sequence& q, i
   }
 }
 
-// Keys or values j = 0 .. S_k-1 of a sequence: cache position leftpad + j, read from the cache
-// below cache_seqlens and from the appended rows above it. (S_k, h_k, dim).
-std::vector<double> gather(const KvCacheArgs& a, const Shapes& s, const Sequence& q,
-                           const TensorView& cache, const std::vector<double>& new_rows) {
+// Keys or values j = first .. end-1 of a sequence into `rows` (S_k, h_k, dim): cache position
+// leftpad + j, read from the cache below cache_seqlens and from the appended rows above it.
+void gather(const KvCacheArgs& a, const Shapes& s, const Sequence& q, const TensorView& cache,
+            const std::vector<double>& new_rows, int first, int end, double* rows) {
   const int dim = static_cast<int>(cache.size(-1));
-  std::vector<double> rows(static_cast<size_t>(q.seqlen_k) * s.num_heads_k * dim);
-  for (int j = 0; j < q.seqlen_k; ++j) {
+  for (int j = first; j < end; ++j) {
     const int position = q.leftpad + j;
     for (int hk = 0; hk < s.num_heads_k; ++hk) {
       double* dst = &rows[(static_cast<size_t>(j) * s.num_heads_k + hk) * dim];
@@ -189,18 +189,18 @@ std::vector<double> gather(const KvCacheArgs& a, const Shapes& s, const Sequence
       }
     }
   }
-  return rows;
 }
 
-// Query rows of a sequence, (S_q, h, dim), rotated (when rotary is given) and rounded back to the
-// storage type, as the kernel rotates q on the fly and keeps it in q's type.
-std::vector<double> read_queries(const KvCacheArgs& a, const Shapes& s, const Sequence& q,
-                                 int b, const TensorView& view, bool apply_rotary) {
+// Query rows i = first .. end-1 of a sequence into `rows` (S_q, h, dim), rotated (when rotary is
+// given) and rounded back to the storage type, as the kernel rotates q on the fly and keeps it in
+// q's type.
+void read_queries(const KvCacheArgs& a, const Shapes& s, const Sequence& q, int b,
+                  const TensorView& view, bool apply_rotary, int first, int end,
+                  double* rows) {
   const int dim = static_cast<int>(view.size(-1));
-  std::vector<double> rows(static_cast<size_t>(q.seqlen_q) * s.num_heads * dim);
   const bool per_row = rotate_queries_per_row(a, s);
   std::vector<float> x(dim);
-  for (int i = 0; i < q.seqlen_q; ++i) {
+  for (int i = first; i < end; ++i) {
     for (int h = 0; h < s.num_heads; ++h) {
       const int64_t src = s.varlen_q ? offset_of(view, {q.q_offset + i, h, 0})
                                      : offset_of(view, {b, i, h, 0});
@@ -214,7 +214,6 @@ std::vector<double> read_queries(const KvCacheArgs& a, const Shapes& s, const Se
       }
     }
   }
-  return rows;
 }
 
 // Spec 5.4, each rule as written: j < S_k; causal j <= diag; window diag-left <= j <= diag+right
@@ -247,6 +246,9 @@ double descale(const OptTensor& t, int b, int head_k) {
   return element_value(*t, offset_of(*t, {b, head_k}));
 }
 
+// Whether scores have the q.k term (q may be absent, or ignored with only_qv).
+bool uses_q(const KvCacheArgs& a) { return a.q && a.k_cache && !a.only_qv; }
+
 double softmax_scale(const KvCacheArgs& a, const Shapes& s) {
   if (a.softmax_scale) return *a.softmax_scale;
   return 1.0 / std::sqrt(static_cast<double>(s.headdim + (a.qv ? s.headdim_v : 0)));
@@ -257,19 +259,30 @@ double softmax_scale(const KvCacheArgs& a, const Shapes& s) {
 struct SequenceInputs {
   Sequence q;
   int b = 0;
-  std::vector<double> new_keys, new_values;  // appended rows, (t, h_k, d|d_v); freed once gathered
-  std::vector<double> keys, values, queries, query_values;
+  std::vector<double> new_keys, new_values;  // appended rows, (t, h_k, d|d_v)
+  // Left uninitialised until the parallel reads fill them, so that their pages are first touched
+  // there rather than zeroed serially.
+  std::unique_ptr<double[]> keys, values, queries, query_values;
   // Per (j, h_k), computed once rather than for every query row that sees the key: |k_j|, |v_j|
   // (qv only) and max_c |v_j[c]|, for the rows' error scales.
-  std::vector<double> key_norms, value_norms, value_max;
+  std::unique_ptr<double[]> key_norms, value_norms, value_max;
 };
 
-// Per (j, h_k) of `rows` (S_k, h_k, dim): fn(pointer to the row, dim).
-template <class Fn>
-std::vector<double> per_key(const std::vector<double>& rows, int keys, int heads_k, int dim, Fn fn) {
-  std::vector<double> result(static_cast<size_t>(keys) * heads_k);
-  for (size_t n = 0; n < result.size(); ++n) result[n] = fn(&rows[n * dim], dim);
-  return result;
+std::unique_ptr<double[]> uninitialised(size_t size) {
+  return std::unique_ptr<double[]>(new double[size]);
+}
+
+void size_inputs(const KvCacheArgs& a, const Shapes& s, SequenceInputs& in) {
+  const bool use_q = uses_q(a);
+  const size_t keys = static_cast<size_t>(in.q.seqlen_k) * s.num_heads_k;
+  const size_t rows = static_cast<size_t>(in.q.seqlen_q) * s.num_heads;
+  if (use_q) in.keys = uninitialised(keys * s.headdim);
+  in.values = uninitialised(keys * s.headdim_v);
+  if (use_q) in.queries = uninitialised(rows * s.headdim);
+  if (a.qv) in.query_values = uninitialised(rows * s.headdim_v);
+  if (use_q) in.key_norms = uninitialised(keys);
+  if (a.qv) in.value_norms = uninitialised(keys);
+  in.value_max = uninitialised(keys);
 }
 
 double max_abs(const double* x, int n) {
@@ -278,18 +291,35 @@ double max_abs(const double* x, int n) {
   return m;
 }
 
-void gather_inputs(const KvCacheArgs& a, const Shapes& s, SequenceInputs& in) {
-  const bool use_q = a.q && a.k_cache && !a.only_qv;
-  if (use_q) in.keys = gather(a, s, in.q, *a.k_cache, in.new_keys);
-  in.values = gather(a, s, in.q, *a.v_cache, in.new_values);
-  if (use_q) in.queries = read_queries(a, s, in.q, in.b, *a.q, s.rotary_dim > 0);
-  if (a.qv) in.query_values = read_queries(a, s, in.q, in.b, *a.qv, false);
-  const int keys = in.q.seqlen_k, heads_k = s.num_heads_k;
-  if (use_q) in.key_norms = per_key(in.keys, keys, heads_k, s.headdim, norm);
-  if (a.qv) in.value_norms = per_key(in.values, keys, heads_k, s.headdim_v, norm);
-  in.value_max = per_key(in.values, keys, heads_k, s.headdim_v, max_abs);
-  in.new_keys = {};
-  in.new_values = {};
+// result[n] = fn(row n of `rows`, dim) for the rows (j, h_k) of keys j = first .. end-1.
+template <class Fn>
+void per_key(const Shapes& s, const double* rows, int dim, int first, int end, Fn fn, double* result) {
+  const size_t heads_k = static_cast<size_t>(s.num_heads_k);
+  for (size_t n = first * heads_k; n < end * heads_k; ++n) {
+    result[n] = fn(&rows[n * dim], dim);
+  }
+}
+
+// A unit of parallel work of the gathers: keys [first, end) and query rows [first, end) of one
+// sequence (each range cut at S_k or S_q).
+struct InputBlock {
+  int sequence = 0, first = 0, end = 0;
+};
+
+void read_inputs(const KvCacheArgs& a, const Shapes& s, const InputBlock& block, SequenceInputs& in) {
+  const bool use_q = uses_q(a);
+  const int key_end = std::min(block.end, in.q.seqlen_k), row_end = std::min(block.end, in.q.seqlen_q);
+  if (block.first < key_end) {
+    if (use_q) gather(a, s, in.q, *a.k_cache, in.new_keys, block.first, key_end, in.keys.get());
+    gather(a, s, in.q, *a.v_cache, in.new_values, block.first, key_end, in.values.get());
+    if (use_q) per_key(s, in.keys.get(), s.headdim, block.first, key_end, norm, in.key_norms.get());
+    if (a.qv) per_key(s, in.values.get(), s.headdim_v, block.first, key_end, norm, in.value_norms.get());
+    per_key(s, in.values.get(), s.headdim_v, block.first, key_end, max_abs, in.value_max.get());
+  }
+  if (block.first < row_end) {
+    if (use_q) read_queries(a, s, in.q, in.b, *a.q, s.rotary_dim > 0, block.first, row_end, in.queries.get());
+    if (a.qv) read_queries(a, s, in.q, in.b, *a.qv, false, block.first, row_end, in.query_values.get());
+  }
 }
 
 // What a query head's rows share: its kv head, its descales and its sink.
@@ -319,7 +349,7 @@ void attend_row(const KvCacheArgs& a, const Shapes& s, const SequenceInputs& in,
   const Sequence& q = in.q;
   const int h = head.h, hk = head.hk;
   const int d = s.headdim, dv = s.headdim_v;
-  const bool use_q = a.q && a.k_cache && !a.only_qv;
+  const bool use_q = uses_q(a);
   const bool use_qv = a.qv.has_value();
   const double scale = softmax_scale(a, s);
   const double* qi = use_q ? &in.queries[(static_cast<size_t>(i) * s.num_heads + h) * d] : nullptr;
@@ -369,27 +399,52 @@ void attend_row(const KvCacheArgs& a, const Shapes& s, const SequenceInputs& in,
   result.lse[result.lse_index(token, h)] = row_max + std::log(denominator);
 }
 
-// About the multiply-adds of one query row against every key: the unit of the work estimates.
+// Work estimates, in elements read or multiply-adds: one position of a sequence's inputs (a key
+// and a value of every kv head, a query row of every head), one query row of one head against
+// every key.
+int64_t input_work(const Shapes& s) {
+  return int64_t{s.num_heads_k + s.num_heads} * (s.headdim + s.headdim_v);
+}
+
 int64_t row_work(const Shapes& s, const Sequence& q) {
   return int64_t{q.seqlen_k} * (s.headdim + 2 * s.headdim_v);
 }
 
-// A unit of parallel work: rows [first, end) of one query head of one sequence. Rows are
-// grouped so that a block is worth handing to a thread even when S_k and d are small.
+// Positions per unit of parallel work, so that a unit is worth handing to a thread even when the
+// sizes are small.
+int positions_per_block(int64_t work_per_position) {
+  constexpr int64_t kBlockWork = int64_t{1} << 16;
+  return static_cast<int>(std::clamp<int64_t>(kBlockWork / std::max<int64_t>(work_per_position, 1), 1,
+                                              std::numeric_limits<int>::max()));
+}
+
+std::vector<InputBlock> input_blocks(const Shapes& s, const std::vector<SequenceInputs>& sequences) {
+  const int step = positions_per_block(input_work(s));
+  std::vector<InputBlock> blocks;
+  for (int n = 0; n < static_cast<int>(sequences.size()); ++n) {
+    const int count = std::max(sequences[n].q.seqlen_k, sequences[n].q.seqlen_q);
+    for (int first = 0; first < count; first += step) {
+      const int end = static_cast<int>(std::min<int64_t>(int64_t{first} + step, count));
+      blocks.push_back({n, first, end});
+    }
+  }
+  return blocks;
+}
+
+// A unit of parallel work of the attention: rows [first, end) of one query head of one sequence.
 struct RowBlock {
   int sequence = 0, h = 0, first = 0, end = 0;
 };
 
 std::vector<RowBlock> row_blocks(const Shapes& s, const std::vector<SequenceInputs>& sequences) {
-  constexpr int64_t kBlockWork = int64_t{1} << 16;
   std::vector<RowBlock> blocks;
   for (int n = 0; n < static_cast<int>(sequences.size()); ++n) {
     const Sequence& q = sequences[n].q;
-    const int64_t rows = std::clamp<int64_t>(kBlockWork / std::max<int64_t>(row_work(s, q), 1), 1,
-                                             std::max(q.seqlen_q, 1));
+    const int step = positions_per_block(row_work(s, q));
     for (int h = 0; h < s.num_heads; ++h) {
-      for (int first = 0; first < q.seqlen_q; first += static_cast<int>(rows)) {
-        blocks.push_back({n, h, first, static_cast<int>(std::min<int64_t>(first + rows, q.seqlen_q))});
+      for (int first = 0; first < q.seqlen_q; first += step) {
+        const int end = static_cast<int>(std::min<int64_t>(int64_t{first} + step, q.seqlen_q));
+        blocks.push_back({n, h, first, end});
       }
     }
   }
@@ -404,12 +459,15 @@ void attend_block(const KvCacheArgs& a, const Shapes& s, const SequenceInputs& i
   for (int i = block.first; i < block.end; ++i) attend_row(a, s, in, head, i, scores, visible, result);
 }
 
-// Threads for a call: below this many multiply-adds, starting threads costs more than it saves.
+// Threads for a call: below kMinParallelWork, starting threads costs more than it saves.
 int threads_for(const Shapes& s, const std::vector<SequenceInputs>& sequences, int requested) {
   if (requested > 0) return requested;
   constexpr int64_t kMinParallelWork = int64_t{1} << 20;
   int64_t work = 0;
-  for (const SequenceInputs& in : sequences) work += row_work(s, in.q) * in.q.seqlen_q * s.num_heads;
+  for (const SequenceInputs& in : sequences) {
+    work += input_work(s) * std::max(in.q.seqlen_k, in.q.seqlen_q);
+    work += row_work(s, in.q) * in.q.seqlen_q * s.num_heads;
+  }
   return work < kMinParallelWork ? 1 : default_oracle_threads();
 }
 
@@ -452,9 +510,13 @@ OracleResult run_oracle(const KvCacheArgs& a, int threads) {
       if (a.k_cache) append_new_rows(a, s, in.q, b, false, in.new_keys, result);
       append_new_rows(a, s, in.q, b, true, in.new_values, result);
     }
+    size_inputs(a, s, in);
   }
   const int workers = threads_for(s, sequences, threads);
-  parallel_for(s.batch, workers, [&](int64_t b) { gather_inputs(a, s, sequences[b]); });
+  const std::vector<InputBlock> inputs = input_blocks(s, sequences);
+  parallel_for(static_cast<int64_t>(inputs.size()), workers, [&](int64_t n) {
+    read_inputs(a, s, inputs[n], sequences[inputs[n].sequence]);
+  });
   const std::vector<RowBlock> blocks = row_blocks(s, sequences);
   parallel_for(static_cast<int64_t>(blocks.size()), workers, [&](int64_t n) {
     attend_block(a, s, sequences[blocks[n].sequence], blocks[n], result);

@@ -60,7 +60,8 @@ void expect_thread_counts_agree(uint64_t seed, const CaseLimits& limits) {
   const Case c = make_random_case(seed, limits);
   const OracleResult serial = run_oracle(c.args, 1);
   for (int threads : {2, 7}) {
-    expect_same_bits(serial, run_oracle(c.args, threads), describe(c) + ", " + std::to_string(threads) + " threads");
+    const std::string what = describe(c) + ", " + std::to_string(threads) + " threads";
+    expect_same_bits(serial, run_oracle(c.args, threads), what);
   }
   expect_same_bits(serial, run_oracle(c.args), describe(c) + ", default threads");
 }
