@@ -1,7 +1,7 @@
 // The reference is written as a reader of the spec would compute it by hand: every length resolved
 // per sequence, every key found by walking the page table, every score of the (S_q x S_k) matrix
 // materialised in float64 and every mask rule tested literally. Speed is not a goal, except that
-// independent rows run on several threads (the GPU runner's prefill cases took seconds each).
+// independent blocks of rows run on several threads (the GPU runner waits on the oracle).
 #include "oracle.h"
 
 #include <algorithm>
