@@ -1,13 +1,16 @@
 // The reference is written as a reader of the spec would compute it by hand: every length resolved
 // per sequence, every key found by walking the page table, every score of the (S_q x S_k) matrix
-// materialised in float64 and every mask rule tested literally. Speed is not a goal.
+// materialised in float64 and every mask rule tested literally. Speed is not a goal, except that
+// independent blocks of rows run on several threads (the GPU runner waits on the oracle).
 #include "oracle.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 
+#include "parallel_for.h"
 #include "scalar_types.h"
 
 namespace kvflash::oracle {
@@ -195,13 +198,12 @@ void append_new_rows(const KvCacheArgs& a, const Shapes& s, const Sequence& q, i
   }
 }
 
-// Keys or values j = 0 .. S_k-1 of a sequence: cache position leftpad + j, read from the cache
-// below cache_seqlens and from the appended rows above it. (S_k, h_k, dim).
-std::vector<double> gather(const KvCacheArgs& a, const Shapes& s, const Sequence& q,
-                           const TensorView& cache, const std::vector<double>& new_rows) {
+// Keys or values j = first .. end-1 of a sequence into `rows` (S_k, h_k, dim): cache position
+// leftpad + j, read from the cache below cache_seqlens and from the appended rows above it.
+void gather(const KvCacheArgs& a, const Shapes& s, const Sequence& q, const TensorView& cache,
+            const std::vector<double>& new_rows, int first, int end, double* rows) {
   const int dim = static_cast<int>(cache.size(-1));
-  std::vector<double> rows(static_cast<size_t>(q.seqlen_k) * s.num_heads_k * dim);
-  for (int j = 0; j < q.seqlen_k; ++j) {
+  for (int j = first; j < end; ++j) {
     const int position = q.leftpad + j;
     for (int hk = 0; hk < s.num_heads_k; ++hk) {
       double* dst = &rows[(static_cast<size_t>(j) * s.num_heads_k + hk) * dim];
@@ -214,18 +216,18 @@ std::vector<double> gather(const KvCacheArgs& a, const Shapes& s, const Sequence
       }
     }
   }
-  return rows;
 }
 
-// Query rows of a sequence, (S_q, h, dim), rotated (when rotary is given) and rounded back to the
-// storage type, as the kernel rotates q on the fly and keeps it in q's type.
-std::vector<double> read_queries(const KvCacheArgs& a, const Shapes& s, const Sequence& q,
-                                 int b, const TensorView& view, bool apply_rotary) {
+// Query rows i = first .. end-1 of a sequence into `rows` (S_q, h, dim), rotated (when rotary is
+// given) and rounded back to the storage type, as the kernel rotates q on the fly and keeps it in
+// q's type.
+void read_queries(const KvCacheArgs& a, const Shapes& s, const Sequence& q, int b,
+                  const TensorView& view, bool apply_rotary, int first, int end,
+                  double* rows) {
   const int dim = static_cast<int>(view.size(-1));
-  std::vector<double> rows(static_cast<size_t>(q.seqlen_q) * s.num_heads * dim);
   const bool per_row = rotate_queries_per_row(a, s);
   std::vector<float> x(dim);
-  for (int i = 0; i < q.seqlen_q; ++i) {
+  for (int i = first; i < end; ++i) {
     for (int h = 0; h < s.num_heads; ++h) {
       const int64_t src = s.varlen_q ? offset_of(view, {q.q_offset + i, h, 0})
                                      : offset_of(view, {b, i, h, 0});
@@ -239,7 +241,6 @@ std::vector<double> read_queries(const KvCacheArgs& a, const Shapes& s, const Se
       }
     }
   }
-  return rows;
 }
 
 // Spec 5.4, each rule as written: j < S_k; causal j <= diag; window diag-left <= j <= diag+right
@@ -267,79 +268,233 @@ double dot(const double* x, const double* y, int n) {
 
 double norm(const double* x, int n) { return std::sqrt(dot(x, x, n)); }
 
+
+// Whether scores have the q.k term (q may be absent, or ignored with only_qv).
+bool uses_q(const KvCacheArgs& a) { return a.q && a.k_cache && !a.only_qv; }
+
 double softmax_scale(const KvCacheArgs& a, const Shapes& s) {
   if (a.softmax_scale) return *a.softmax_scale;
   return 1.0 / std::sqrt(static_cast<double>(s.headdim + (a.qv ? s.headdim_v : 0)));
 }
 
-// Scores, masks, softmax with sink, out and LSE of one batch element (spec 5.3-5.6).
-void attend(const KvCacheArgs& a, const Shapes& s, const Sequence& q, int b,
-            const std::vector<double>& queries, const std::vector<double>& query_values,
-            const std::vector<double>& keys, const std::vector<double>& values,
-            OracleResult& result) {
-  const int group = s.num_heads / s.num_heads_k;
+// What a sequence's attention reads: its lengths, and its keys, values and query rows resolved
+// (gathered from the cache and the appended rows, queries rotated).
+struct SequenceInputs {
+  Sequence q;
+  int b = 0;
+  std::vector<double> new_keys, new_values;  // appended rows, (t, h_k, d|d_v)
+  // Left uninitialised until the parallel reads fill them, so that their pages are first touched
+  // there rather than zeroed serially.
+  std::unique_ptr<double[]> keys, values, queries, query_values;
+  // Per (j, h_k), computed once rather than for every query row that sees the key: |k_j|, |v_j|
+  // (qv only) and max_c |v_j[c]|, for the rows' error scales.
+  std::unique_ptr<double[]> key_norms, value_norms, value_max;
+};
+
+std::unique_ptr<double[]> uninitialised(size_t size) {
+  return std::unique_ptr<double[]>(new double[size]);
+}
+
+void size_inputs(const KvCacheArgs& a, const Shapes& s, SequenceInputs& in) {
+  const bool use_q = uses_q(a);
+  const size_t keys = static_cast<size_t>(in.q.seqlen_k) * s.num_heads_k;
+  const size_t rows = static_cast<size_t>(in.q.seqlen_q) * s.num_heads;
+  if (use_q) in.keys = uninitialised(keys * s.headdim);
+  in.values = uninitialised(keys * s.headdim_v);
+  if (use_q) in.queries = uninitialised(rows * s.headdim);
+  if (a.qv) in.query_values = uninitialised(rows * s.headdim_v);
+  if (use_q) in.key_norms = uninitialised(keys);
+  if (a.qv) in.value_norms = uninitialised(keys);
+  in.value_max = uninitialised(keys);
+}
+
+double max_abs(const double* x, int n) {
+  double m = 0.0;
+  for (int c = 0; c < n; ++c) m = std::max(m, std::fabs(x[c]));
+  return m;
+}
+
+// result[n] = fn(row n of `rows`, dim) for the rows (j, h_k) of keys j = first .. end-1.
+template <class Fn>
+void per_key(const Shapes& s, const double* rows, int dim, int first, int end, Fn fn, double* result) {
+  const size_t heads_k = static_cast<size_t>(s.num_heads_k);
+  for (size_t n = first * heads_k; n < end * heads_k; ++n) {
+    result[n] = fn(&rows[n * dim], dim);
+  }
+}
+
+// A unit of parallel work of the gathers: keys [first, end) and query rows [first, end) of one
+// sequence (each range cut at S_k or S_q).
+struct InputBlock {
+  int sequence = 0, first = 0, end = 0;
+};
+
+void read_inputs(const KvCacheArgs& a, const Shapes& s, const InputBlock& block, SequenceInputs& in) {
+  const bool use_q = uses_q(a);
+  const int key_end = std::min(block.end, in.q.seqlen_k), row_end = std::min(block.end, in.q.seqlen_q);
+  if (block.first < key_end) {
+    if (use_q) gather(a, s, in.q, *a.k_cache, in.new_keys, block.first, key_end, in.keys.get());
+    gather(a, s, in.q, *a.v_cache, in.new_values, block.first, key_end, in.values.get());
+    if (use_q) per_key(s, in.keys.get(), s.headdim, block.first, key_end, norm, in.key_norms.get());
+    if (a.qv) per_key(s, in.values.get(), s.headdim_v, block.first, key_end, norm, in.value_norms.get());
+    per_key(s, in.values.get(), s.headdim_v, block.first, key_end, max_abs, in.value_max.get());
+  }
+  if (block.first < row_end) {
+    if (use_q) read_queries(a, s, in.q, in.b, *a.q, s.rotary_dim > 0, block.first, row_end, in.queries.get());
+    if (a.qv) read_queries(a, s, in.q, in.b, *a.qv, false, block.first, row_end, in.query_values.get());
+  }
+}
+
+// What a query head's rows share: its kv head, its descales and its sink.
+struct Head {
+  int h = 0, hk = 0;
+  double score_descale = 1.0, value_descale = 1.0;
+  bool has_sink = false;
+  double sink = 0.0;
+};
+
+Head head_of(const KvCacheArgs& a, const Shapes& s, int b, int h) {
+  Head head;
+  head.h = h;
+  head.hk = h / (s.num_heads / s.num_heads_k);
+  // Each descale undoes the scale of the fp8 tensor it is named for (contract 5.8), no other.
+  head.score_descale = (s.fp8 ? descale(a.q_descale, b, head.hk) : 1.0) *
+                       (s.fp8_cache ? descale(a.k_descale, b, head.hk) : 1.0);
+  head.value_descale = s.fp8_cache ? descale(a.v_descale, b, head.hk) : 1.0;
+  head.has_sink = a.sinks.has_value();
+  head.sink = head.has_sink ? element_value(*a.sinks, h * a.sinks->stride(0)) : 0.0;
+  return head;
+}
+
+// Scores, masks, softmax with sink, out and LSE of query row i of one head (spec 5.3-5.6). Writes
+// that (token, head)'s outputs only. `scores` and `visible` are scratch of S_k entries.
+void attend_row(const KvCacheArgs& a, const Shapes& s, const SequenceInputs& in, const Head& head,
+                int i, std::vector<double>& scores, std::vector<uint8_t>& visible,
+                OracleResult& result) {
+  const Sequence& q = in.q;
+  const int h = head.h, hk = head.hk;
   const int d = s.headdim, dv = s.headdim_v;
-  const bool use_q = a.q && a.k_cache && !a.only_qv;
+  const bool use_q = uses_q(a);
   const bool use_qv = a.qv.has_value();
   const double scale = softmax_scale(a, s);
-  std::vector<double> scores(static_cast<size_t>(q.seqlen_k));
-  std::vector<uint8_t> visible(static_cast<size_t>(q.seqlen_k));
-  for (int h = 0; h < s.num_heads; ++h) {
-    const int hk = h / group;
-    // Each descale undoes the scale of the fp8 tensor it is named for (contract 5.8), no other.
-    const double score_descale = (s.fp8 ? descale(a.q_descale, b, hk) : 1.0) *
-                                 (s.fp8_cache ? descale(a.k_descale, b, hk) : 1.0);
-    const double value_descale = s.fp8_cache ? descale(a.v_descale, b, hk) : 1.0;
-    const bool has_sink = a.sinks.has_value();
-    const double sink = has_sink ? element_value(*a.sinks, h * a.sinks->stride(0)) : 0.0;
-    for (int i = 0; i < q.seqlen_q; ++i) {
-      const double* qi = use_q ? &queries[(static_cast<size_t>(i) * s.num_heads + h) * d] : nullptr;
-      const double* qvi = use_qv ? &query_values[(static_cast<size_t>(i) * s.num_heads + h) * dv] : nullptr;
-      double row_max = kNegInf, key_norm = 0.0, value_norm = 0.0, value_max = 0.0;
-      bool any = false;
-      for (int j = 0; j < q.seqlen_k; ++j) {
-        visible[j] = key_visible(a, q, i, j);
-        if (!visible[j]) continue;
-        any = true;
-        const double* kj = use_q ? &keys[(static_cast<size_t>(j) * s.num_heads_k + hk) * d] : nullptr;
-        const double* vj = &values[(static_cast<size_t>(j) * s.num_heads_k + hk) * dv];
-        double raw = 0.0;
-        if (use_q) raw += dot(qi, kj, d) * score_descale;
-        if (use_qv) raw += dot(qvi, vj, dv) * value_descale;
-        double score = raw * scale;
-        if (a.softcap > 0.0f) score = a.softcap * std::tanh(score / a.softcap);
-        scores[j] = score;
-        row_max = std::max(row_max, score);
-        if (use_q) key_norm = std::max(key_norm, norm(kj, d));
-        if (use_qv) value_norm = std::max(value_norm, norm(vj, dv));
-        for (int c = 0; c < dv; ++c) value_max = std::max(value_max, std::fabs(vj[c]));
-      }
-      const int64_t token = q.q_offset + i;
-      const int64_t row = result.row_index(token, h);
-      double* out = &result.out[row * dv];
-      result.empty_row[row] = !any;
-      result.value_scale[row] = value_max * std::fabs(value_descale);
-      result.score_scale[row] = std::fabs(scale) *
-          ((use_q ? norm(qi, d) * key_norm * std::fabs(score_descale) : 0.0) +
-           (use_qv ? norm(qvi, dv) * value_norm * std::fabs(value_descale) : 0.0));
-      // The sink is one more logit with a zero value: it enlarges the denominator only.
-      if (has_sink) row_max = std::max(row_max, sink);
-      if (!any && !has_sink) {
-        result.lse[result.lse_index(token, h)] = kNegInf;
-        continue;  // out stays 0
-      }
-      double denominator = has_sink ? std::exp(sink - row_max) : 0.0;
-      for (int j = 0; j < q.seqlen_k; ++j) {
-        if (!visible[j]) continue;
-        const double p = std::exp(scores[j] - row_max);
-        denominator += p;
-        const double* vj = &values[(static_cast<size_t>(j) * s.num_heads_k + hk) * dv];
-        for (int c = 0; c < dv; ++c) out[c] += p * vj[c];
-      }
-      for (int c = 0; c < dv; ++c) out[c] *= value_descale / denominator;
-      result.lse[result.lse_index(token, h)] = row_max + std::log(denominator);
+  const double* qi = use_q ? &in.queries[(static_cast<size_t>(i) * s.num_heads + h) * d] : nullptr;
+  const double* qvi = use_qv ? &in.query_values[(static_cast<size_t>(i) * s.num_heads + h) * dv] : nullptr;
+  double row_max = kNegInf, key_norm = 0.0, value_norm = 0.0, value_max = 0.0;
+  bool any = false;
+  for (int j = 0; j < q.seqlen_k; ++j) {
+    visible[j] = key_visible(a, q, i, j);
+    if (!visible[j]) continue;
+    any = true;
+    const size_t key = static_cast<size_t>(j) * s.num_heads_k + hk;
+    const double* kj = use_q ? &in.keys[key * d] : nullptr;
+    const double* vj = &in.values[key * dv];
+    double raw = 0.0;
+    if (use_q) raw += dot(qi, kj, d) * head.score_descale;
+    if (use_qv) raw += dot(qvi, vj, dv) * head.value_descale;
+    double score = raw * scale;
+    if (a.softcap > 0.0f) score = a.softcap * std::tanh(score / a.softcap);
+    scores[j] = score;
+    row_max = std::max(row_max, score);
+    if (use_q) key_norm = std::max(key_norm, in.key_norms[key]);
+    if (use_qv) value_norm = std::max(value_norm, in.value_norms[key]);
+    value_max = std::max(value_max, in.value_max[key]);
+  }
+  const int64_t token = q.q_offset + i;
+  const int64_t row = result.row_index(token, h);
+  double* out = &result.out[row * dv];
+  result.empty_row[row] = !any;
+  result.value_scale[row] = value_max * std::fabs(head.value_descale);
+  result.score_scale[row] = std::fabs(scale) *
+      ((use_q ? norm(qi, d) * key_norm * std::fabs(head.score_descale) : 0.0) +
+       (use_qv ? norm(qvi, dv) * value_norm * std::fabs(head.value_descale) : 0.0));
+  // The sink is one more logit with a zero value: it enlarges the denominator only.
+  if (head.has_sink) row_max = std::max(row_max, head.sink);
+  if (!any && !head.has_sink) {
+    result.lse[result.lse_index(token, h)] = kNegInf;
+    return;  // out stays 0
+  }
+  double denominator = head.has_sink ? std::exp(head.sink - row_max) : 0.0;
+  for (int j = 0; j < q.seqlen_k; ++j) {
+    if (!visible[j]) continue;
+    const double p = std::exp(scores[j] - row_max);
+    denominator += p;
+    const double* vj = &in.values[(static_cast<size_t>(j) * s.num_heads_k + hk) * dv];
+    for (int c = 0; c < dv; ++c) out[c] += p * vj[c];
+  }
+  for (int c = 0; c < dv; ++c) out[c] *= head.value_descale / denominator;
+  result.lse[result.lse_index(token, h)] = row_max + std::log(denominator);
+}
+
+// Work estimates, in elements read or multiply-adds: one position of a sequence's inputs (a key
+// and a value of every kv head, a query row of every head), one query row of one head against
+// every key.
+int64_t input_work(const Shapes& s) {
+  return int64_t{s.num_heads_k + s.num_heads} * (s.headdim + s.headdim_v);
+}
+
+int64_t row_work(const Shapes& s, const Sequence& q) {
+  return int64_t{q.seqlen_k} * (s.headdim + 2 * s.headdim_v);
+}
+
+// Positions per unit of parallel work, so that a unit is worth handing to a thread even when the
+// sizes are small.
+int positions_per_block(int64_t work_per_position) {
+  constexpr int64_t kBlockWork = int64_t{1} << 16;
+  return static_cast<int>(std::clamp<int64_t>(kBlockWork / std::max<int64_t>(work_per_position, 1), 1,
+                                              std::numeric_limits<int>::max()));
+}
+
+std::vector<InputBlock> input_blocks(const Shapes& s, const std::vector<SequenceInputs>& sequences) {
+  const int step = positions_per_block(input_work(s));
+  std::vector<InputBlock> blocks;
+  for (int n = 0; n < static_cast<int>(sequences.size()); ++n) {
+    const int count = std::max(sequences[n].q.seqlen_k, sequences[n].q.seqlen_q);
+    for (int first = 0; first < count; first += step) {
+      const int end = static_cast<int>(std::min<int64_t>(int64_t{first} + step, count));
+      blocks.push_back({n, first, end});
     }
   }
+  return blocks;
+}
+
+// A unit of parallel work of the attention: rows [first, end) of one query head of one sequence.
+struct RowBlock {
+  int sequence = 0, h = 0, first = 0, end = 0;
+};
+
+std::vector<RowBlock> row_blocks(const Shapes& s, const std::vector<SequenceInputs>& sequences) {
+  std::vector<RowBlock> blocks;
+  for (int n = 0; n < static_cast<int>(sequences.size()); ++n) {
+    const Sequence& q = sequences[n].q;
+    const int step = positions_per_block(row_work(s, q));
+    for (int h = 0; h < s.num_heads; ++h) {
+      for (int first = 0; first < q.seqlen_q; first += step) {
+        const int end = static_cast<int>(std::min<int64_t>(int64_t{first} + step, q.seqlen_q));
+        blocks.push_back({n, h, first, end});
+      }
+    }
+  }
+  return blocks;
+}
+
+void attend_block(const KvCacheArgs& a, const Shapes& s, const SequenceInputs& in,
+                  const RowBlock& block, OracleResult& result) {
+  const Head head = head_of(a, s, in.b, block.h);
+  std::vector<double> scores(static_cast<size_t>(in.q.seqlen_k));
+  std::vector<uint8_t> visible(static_cast<size_t>(in.q.seqlen_k));
+  for (int i = block.first; i < block.end; ++i) attend_row(a, s, in, head, i, scores, visible, result);
+}
+
+// Threads for a call: below kMinParallelWork, starting threads costs more than it saves.
+int threads_for(const Shapes& s, const std::vector<SequenceInputs>& sequences, int requested) {
+  if (requested > 0) return requested;
+  constexpr int64_t kMinParallelWork = int64_t{1} << 20;
+  int64_t work = 0;
+  for (const SequenceInputs& in : sequences) {
+    work += input_work(s) * std::max(in.q.seqlen_k, in.q.seqlen_q);
+    work += row_work(s, in.q) * in.q.seqlen_q * s.num_heads;
+  }
+  return work < kMinParallelWork ? 1 : default_oracle_threads();
 }
 
 }  // namespace
@@ -350,7 +505,7 @@ int64_t OracleResult::lse_index(int64_t token, int head) const {
   return (b * num_heads + head) * seqlen_q + i;
 }
 
-OracleResult run_oracle(const KvCacheArgs& a) {
+OracleResult run_oracle(const KvCacheArgs& a, int threads) {
   if (!a.v_cache || (!a.q && !a.qv)) throw std::invalid_argument("oracle: v_cache and q or qv are required");
   const Shapes s = read_shapes(a);
   OracleResult result;
@@ -369,23 +524,29 @@ OracleResult run_oracle(const KvCacheArgs& a) {
   result.score_scale.assign(rows, 0.0);
   result.token_batch.assign(static_cast<size_t>(s.total_q), -1);
 
-  const bool use_q = a.q && a.k_cache && !a.only_qv;
+  // The appends run serially, in sequence order (`appended` lists them in that order); every
+  // later step reads shared inputs and writes only its own sequence's or row's data.
+  std::vector<SequenceInputs> sequences(static_cast<size_t>(s.batch));
   for (int b = 0; b < s.batch; ++b) {
-    const Sequence q = read_sequence(a, s, b);
-    for (int i = 0; i < q.seqlen_q; ++i) result.token_batch[q.q_offset + i] = b;
-    std::vector<double> new_keys, new_values;
+    SequenceInputs& in = sequences[b];
+    in.b = b;
+    in.q = read_sequence(a, s, b);
+    for (int i = 0; i < in.q.seqlen_q; ++i) result.token_batch[in.q.q_offset + i] = b;
     if (s.has_new) {
-      if (a.k_cache) append_new_rows(a, s, q, b, false, new_keys, result);
-      append_new_rows(a, s, q, b, true, new_values, result);
+      if (a.k_cache) append_new_rows(a, s, in.q, b, false, in.new_keys, result);
+      append_new_rows(a, s, in.q, b, true, in.new_values, result);
     }
-    const std::vector<double> keys = use_q ? gather(a, s, q, *a.k_cache, new_keys) : std::vector<double>{};
-    const std::vector<double> values = gather(a, s, q, *a.v_cache, new_values);
-    const std::vector<double> queries =
-        use_q ? read_queries(a, s, q, b, *a.q, s.rotary_dim > 0) : std::vector<double>{};
-    const std::vector<double> query_values =
-        a.qv ? read_queries(a, s, q, b, *a.qv, false) : std::vector<double>{};
-    attend(a, s, q, b, queries, query_values, keys, values, result);
+    size_inputs(a, s, in);
   }
+  const int workers = threads_for(s, sequences, threads);
+  const std::vector<InputBlock> inputs = input_blocks(s, sequences);
+  parallel_for(static_cast<int64_t>(inputs.size()), workers, [&](int64_t n) {
+    read_inputs(a, s, inputs[n], sequences[inputs[n].sequence]);
+  });
+  const std::vector<RowBlock> blocks = row_blocks(s, sequences);
+  parallel_for(static_cast<int64_t>(blocks.size()), workers, [&](int64_t n) {
+    attend_block(a, s, sequences[blocks[n].sequence], blocks[n], result);
+  });
   return result;
 }
 

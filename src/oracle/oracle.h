@@ -47,6 +47,14 @@ struct OracleResult {
 
 // Reads every tensor of `args` (host memory) and computes the call's expected result.
 // `args` must be a call the contract accepts; the oracle checks only what it needs to read safely.
-OracleResult run_oracle(const KvCacheArgs& args);
+//
+// Threads: the appends run serially; the reads of keys, values and queries (per block of
+// positions of a sequence) and the attention (per block of query rows of one head) run on
+// `threads` threads, each unit writing only its own data with the serial arithmetic, so the
+// result is bitwise the same for any thread count. threads = 0:
+// KVFLASH_ORACLE_THREADS when set (1 = serial; not a positive integer: std::invalid_argument),
+// else every hardware thread, and calls of under ~1M multiply-adds serially (threads would cost
+// more than they save). threads > 0: that many, whatever the size.
+OracleResult run_oracle(const KvCacheArgs& args, int threads = 0);
 
 }  // namespace kvflash::oracle
