@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the scripts that install Debian packages (install.sh, cross_aarch64.sh).
 #   install_apt_packages PKG...   apt-get install those of PKG not installed yet (no apt-get
 #                                 update either when all are)
