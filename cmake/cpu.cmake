@@ -3,8 +3,10 @@
 # Portable by default: the library is compiled for the x86-64-v2 baseline, and attention.cpp (the
 # only file with SIMD kernels) once more per level - avx2 (AVX2+FMA+F16C) and avx512 (F/DQ/BW/VL)
 # - each copy in its own namespace; src/cpu/isa.cpp picks one at run time from the CPU's
-# features (KVFLASH_CPU_ISA=baseline|avx2|avx512 forces one). On other architectures only the
-# baseline copy is built, with the compiler's default flags (NEON on aarch64).
+# features (KVFLASH_CPU_ISA=baseline|avx2|avx512 forces one). On aarch64 the levels are baseline
+# and neon (arm_neon.h intrinsics; Advanced SIMD is part of every aarch64 CPU, so neon is the
+# default there and takes no extra flags). On other architectures only the baseline copy is built,
+# with the compiler's default flags.
 #
 #   KVFLASH_NATIVE=ON   compile everything with -march=native instead (this machine only).
 
@@ -13,6 +15,10 @@ include(CheckCXXCompilerFlag)
 set(KVFLASH_CPU_X86 OFF)
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$" AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
   set(KVFLASH_CPU_X86 ON)
+endif()
+set(KVFLASH_CPU_ARM OFF)
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$" AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+  set(KVFLASH_CPU_ARM ON)
 endif()
 
 set(KVFLASH_CPU_FLAGS "")
@@ -30,6 +36,9 @@ set(KVFLASH_CPU_LEVELS baseline)
 if(KVFLASH_CPU_X86)
   list(APPEND KVFLASH_CPU_LEVELS avx2 avx512)
   target_compile_definitions(kvflash_lib PRIVATE KVFLASH_CPU_X86_LEVELS=1)
+elseif(KVFLASH_CPU_ARM)
+  list(APPEND KVFLASH_CPU_LEVELS neon)
+  target_compile_definitions(kvflash_lib PRIVATE KVFLASH_CPU_ARM_LEVELS=1)
 endif()
 message(STATUS "kvflash: CPU levels ${KVFLASH_CPU_LEVELS} (flags: ${KVFLASH_CPU_FLAGS})")
 
@@ -38,7 +47,7 @@ foreach(level IN LISTS KVFLASH_CPU_LEVELS)
   add_library(kvflash_cpu_${level} OBJECT src/cpu/attention.cpp)
   target_compile_definitions(kvflash_cpu_${level} PRIVATE
     KVFLASH_CPU_ISA_NS=${level} KVFLASH_CPU_ISA_LEVEL=${_kvflash_level}
-    $<$<BOOL:${KVFLASH_CPU_X86}>:KVFLASH_CPU_X86_LEVELS=1>)
+    $<$<BOOL:${KVFLASH_CPU_X86}>:KVFLASH_CPU_X86_LEVELS=1> $<$<BOOL:${KVFLASH_CPU_ARM}>:KVFLASH_CPU_ARM_LEVELS=1>)
   target_include_directories(kvflash_cpu_${level} PRIVATE include src)
   target_compile_options(kvflash_cpu_${level} PRIVATE -Wall -Wextra ${KVFLASH_CPU_FLAGS})
   if(OpenMP_CXX_FOUND)

@@ -33,21 +33,8 @@ python3 -m pip --version >/dev/null 2>&1 || APT_PACKAGES+=(python3-pip)
 python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null \
   || APT_PACKAGES+=(python3-dev)  # headers for the nanobind extension (pip install .)
 
-as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
-
-install_apt_packages() {
-  local missing=()
-  for pkg in "${APT_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-  done
-  if [ ${#missing[@]} -eq 0 ]; then
-    echo "install.sh: apt packages present"
-    return
-  fi
-  echo "install.sh: apt-get install ${missing[*]}"
-  as_root apt-get update
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
-}
+# shellcheck source=scripts/apt.sh
+source "$ROOT/scripts/apt.sh"
 
 install_python_packages() {
   local pins=("${PYTHON_PINS[@]}")
@@ -79,7 +66,7 @@ configure_and_build() {
   cmake --build "$BUILD_DIR" -j "$(nproc)"
 }
 
-install_apt_packages
+install_apt_packages "${APT_PACKAGES[@]}"
 install_python_packages
 configure_and_build
 echo "install.sh: built into $BUILD_DIR"

@@ -10,6 +10,8 @@ void attend(const core::Problem& p, const Plan& plan, const Outputs& outputs, co
 #if KVFLASH_CPU_X86_LEVELS
     case Isa::avx512: return avx512::attend(p, plan, outputs, partials, num_threads);
     case Isa::avx2: return avx2::attend(p, plan, outputs, partials, num_threads);
+#elif KVFLASH_CPU_ARM_LEVELS
+    case Isa::neon: return neon::attend(p, plan, outputs, partials, num_threads);
 #endif
     default: return baseline::attend(p, plan, outputs, partials, num_threads);
   }

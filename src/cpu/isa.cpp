@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <iterator>
 #if KVFLASH_CPU_X86_LEVELS
 #include <cpuid.h>
 #endif
@@ -13,8 +14,13 @@ namespace {
 
 constexpr const char* kEnvVar = "KVFLASH_CPU_ISA";
 
+// Every level's name is known everywhere (asking for avx2 on aarch64 says "cannot run it");
+// kLevels: the ones this build compiled, lowest first.
+constexpr Isa kAllLevels[] = {Isa::baseline, Isa::avx2, Isa::avx512, Isa::neon};
 #if KVFLASH_CPU_X86_LEVELS
 constexpr Isa kLevels[] = {Isa::baseline, Isa::avx2, Isa::avx512};
+#elif KVFLASH_CPU_ARM_LEVELS
+constexpr Isa kLevels[] = {Isa::baseline, Isa::neon};
 #else
 constexpr Isa kLevels[] = {Isa::baseline};
 #endif
@@ -37,8 +43,12 @@ bool cpu_runs(Isa isa) {
     case Isa::avx512:
       return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    case Isa::neon: return false;
   }
   return false;
+#elif KVFLASH_CPU_ARM_LEVELS
+  // Advanced SIMD is mandatory on aarch64 Linux (the baseline code uses it too): nothing to ask.
+  return isa == Isa::baseline || isa == Isa::neon;
 #else
   return isa == Isa::baseline;
 #endif
@@ -60,6 +70,7 @@ const char* isa_name(Isa isa) {
     case Isa::baseline: return "baseline";
     case Isa::avx2: return "avx2";
     case Isa::avx512: return "avx512";
+    case Isa::neon: return "neon";
   }
   return "?";
 }
@@ -74,7 +85,7 @@ std::vector<Isa> supported_isas() {
 
 Isa requested_isa(const std::string& value, const std::vector<Isa>& supported) {
   if (value.empty() || value == "auto") return supported.back();
-  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512}) {
+  for (Isa isa : kAllLevels) {
     if (value != isa_name(isa)) continue;
     for (Isa s : supported) {
       if (s == isa) return isa;
@@ -84,7 +95,8 @@ Isa requested_isa(const std::string& value, const std::vector<Isa>& supported) {
                     names_of(supported) + ")");
   }
   throw Error(ErrorKind::invalid_value, kEnvVar,
-              std::string(kEnvVar) + "=" + value + ": expected auto, baseline, avx2 or avx512");
+              std::string(kEnvVar) + "=" + value + ": expected auto, " +
+                  names_of(std::vector<Isa>(std::begin(kAllLevels), std::end(kAllLevels))));
 }
 
 Isa active_isa() {

@@ -9,14 +9,16 @@
 namespace kvflash::cpu {
 
 enum class Isa {
-  baseline,  // the build's baseline (x86-64-v2 by default; NEON on aarch64 as the compiler emits it)
-  avx2,      // AVX2 + FMA + F16C (x86-64-v3)
-  avx512,    // AVX-512 F/DQ/BW/VL (x86-64-v4)
+  baseline,  // portable code, vectorised as the compiler can (x86-64-v2 by default; armv8-a)
+  avx2,      // x86-64: AVX2 + FMA + F16C (x86-64-v3)
+  avx512,    // x86-64: AVX-512 F/DQ/BW/VL (x86-64-v4)
+  neon,      // aarch64: Advanced SIMD intrinsics (every aarch64 CPU has it)
 };
 
 const char* isa_name(Isa isa);
 
-// The levels compiled into this build that this CPU can run, lowest first (baseline always).
+// The levels compiled into this build that this CPU can run, lowest first (baseline always): the
+// x86-64 levels on x86-64, neon on aarch64.
 std::vector<Isa> supported_isas();
 
 // The level a KVFLASH_CPU_ISA value asks for among `supported` (supported_isas()); empty or

@@ -1,16 +1,26 @@
-// Included by a per-level translation unit (CMakeLists.txt compiles attention.cpp once per level
-// with KVFLASH_CPU_ISA_LEVEL 0/1/2 and KVFLASH_CPU_ISA_NS baseline/avx2/avx512) after its other
-// headers: the code that follows is compiled for that level's instruction set. A target pragma
-// rather than per-file -m flags: inline functions and templates of the headers included before
-// it (the standard library's, core/) stay baseline code, so the linker cannot pick an AVX-512
-// copy of one of them for a CPU that lacks it. Everything after it lives in namespace
-// kvflash::cpu::KVFLASH_CPU_ISA_NS, so the levels' own inline functions never merge either.
+// Included by a per-level translation unit (cmake/cpu.cmake compiles attention.cpp once per level
+// with KVFLASH_CPU_ISA_LEVEL 0/1/2 and KVFLASH_CPU_ISA_NS baseline/avx2/avx512 on x86-64, 0/1 and
+// baseline/neon on aarch64) after its other headers: the code that follows is compiled for that
+// level's instruction set. On x86-64 a target pragma rather than per-file -m flags: inline
+// functions and templates of the headers included before it (the standard library's, core/) stay
+// baseline code, so the linker cannot pick an AVX-512 copy of one of them for a CPU that lacks it.
+// Everything after it lives in namespace kvflash::cpu::KVFLASH_CPU_ISA_NS, so the levels' own
+// inline functions never merge either.
 #pragma once
 
 #if !defined(KVFLASH_CPU_ISA_LEVEL) || !defined(KVFLASH_CPU_ISA_NS)
-#error "cpu/isa_target.h: compile with KVFLASH_CPU_ISA_LEVEL and KVFLASH_CPU_ISA_NS (see CMakeLists.txt)"
+#error "cpu/isa_target.h: compile with KVFLASH_CPU_ISA_LEVEL and KVFLASH_CPU_ISA_NS (see cmake/cpu.cmake)"
 #endif
 
+#if defined(__aarch64__)
+// Advanced SIMD is part of every aarch64 CPU and of the compiler's default flags: no target
+// pragma; the neon level only switches simd.h and microkernels.h to the arm_neon.h intrinsics.
+#if KVFLASH_CPU_ISA_LEVEL >= 1
+#define KVFLASH_CPU_NEON 1
+#include <arm_neon.h>
+#endif
+
+#else  // x86-64
 #if KVFLASH_CPU_ISA_LEVEL >= 1
 #define KVFLASH_CPU_AVX2 1
 #endif
@@ -41,3 +51,5 @@
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #endif
+
+#endif  // x86-64

@@ -37,6 +37,8 @@ namespace baseline { AttendFn attend; }
 #if KVFLASH_CPU_X86_LEVELS
 namespace avx2 { AttendFn attend; }
 namespace avx512 { AttendFn attend; }
+#elif KVFLASH_CPU_ARM_LEVELS
+namespace neon { AttendFn attend; }
 #endif
 
 // Merges n partials of one row through their LSE: out_rows[s * out_stride + c], lse[s * lse_stride].

@@ -41,6 +41,23 @@ inline Vec8 load8_as_float(const void* row, int c) {
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(row) + c));
     return {_mm256_i32gather_ps(e4m3_values(), _mm256_cvtepu8_epi32(b), 4)};
   }
+#elif KVFLASH_CPU_NEON
+  // fp16 through the FCVTL instructions, bf16 by widening shifts (its bits are fp32's top half).
+  if constexpr (T == DType::f32) {
+    return load8(static_cast<const float*>(row) + c);
+  } else if constexpr (T == DType::f16) {
+    const float16x8_t h = vreinterpretq_f16_u16(vld1q_u16(static_cast<const uint16_t*>(row) + c));
+    return {vcvt_f32_f16(vget_low_f16(h)), vcvt_high_f32_f16(h)};
+  } else if constexpr (T == DType::bf16) {
+    const uint16x8_t h = vld1q_u16(static_cast<const uint16_t*>(row) + c);
+    return {vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16)), vreinterpretq_f32_u32(vshll_high_n_u16(h, 16))};
+  } else {  // e4m3: NEON has no gather; one lookup per lane in the table of all 256 values
+    const uint8_t* bytes = static_cast<const uint8_t*>(row) + c;
+    const float* table = e4m3_values();
+    float x[kLanes];
+    for (int i = 0; i < kLanes; ++i) x[i] = table[bytes[i]];
+    return load8(x);
+  }
 #else
   Vec8 r;
   for (int i = 0; i < kLanes; ++i) r.v[i] = element_as_float<T>(row, c + i);

@@ -1,6 +1,6 @@
 // Eight-lane float vectors for the CPU kernels: AVX2/FMA intrinsics at the avx2 and avx512
-// levels, a plain array (which the compiler vectorises with the baseline's SSE or NEON) at the
-// baseline; sixteen-lane ones (AVX-512 or two eight-lane) for the inner loops. Only what the
+// levels, two NEON registers at the neon level (aarch64), a plain array (which the compiler
+// vectorises with the baseline's SSE or NEON as it can) at the baseline; sixteen-lane ones (AVX-512 or two eight-lane) for the inner loops. Only what the
 // kernels use. Compiled once per level (cpu/isa_target.h), in that level's namespace.
 #pragma once
 
@@ -64,6 +64,57 @@ inline Vec8 exp8(Vec8 a) {
   // Below the clamp the true value is < 2^-125: flush to 0 so masked-like scores add nothing.
   return {_mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(a.v, lo, _CMP_LT_OQ))};
 }
+
+#elif KVFLASH_CPU_NEON
+
+struct Vec8 {
+  float32x4_t lo, hi;
+};
+inline Vec8 load8(const float* p) { return {vld1q_f32(p), vld1q_f32(p + 4)}; }
+inline void store8(float* p, Vec8 a) { vst1q_f32(p, a.lo), vst1q_f32(p + 4, a.hi); }
+inline Vec8 splat8(float x) { return {vdupq_n_f32(x), vdupq_n_f32(x)}; }
+inline Vec8 zero8() { return splat8(0.0f); }
+inline Vec8 fma8(Vec8 a, Vec8 b, Vec8 c) { return {vfmaq_f32(c.lo, a.lo, b.lo), vfmaq_f32(c.hi, a.hi, b.hi)}; }
+inline Vec8 mul8(Vec8 a, Vec8 b) { return {vmulq_f32(a.lo, b.lo), vmulq_f32(a.hi, b.hi)}; }
+inline Vec8 add8(Vec8 a, Vec8 b) { return {vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)}; }
+inline Vec8 sub8(Vec8 a, Vec8 b) { return {vsubq_f32(a.lo, b.lo), vsubq_f32(a.hi, b.hi)}; }
+// Pairwise adds give ((a0+a1)+(a2+a3)) + ((a4+a5)+(a6+a7)), the avx2 level's order: a dot
+// product has the same bits whichever of hsum8 / hsum8x8 reduced it.
+inline float32x4_t pairs8(Vec8 a) { return vpaddq_f32(a.lo, a.hi); }  // a0+a1, a2+a3, a4+a5, a6+a7
+inline float hsum8(Vec8 a) {
+  const float32x4_t quads = vpaddq_f32(pairs8(a), pairs8(a));
+  return vgetq_lane_f32(quads, 0) + vgetq_lane_f32(quads, 1);
+}
+
+// The eight horizontal sums of v[0..8) as one vector (lane i = sum of v[i]): three rounds of
+// pairwise adds, 14 instructions instead of eight separate reductions.
+inline Vec8 hsum8x8(const Vec8* v) {
+  float32x4_t quads[4];  // quads[i]: v[2i]'s two half sums, then v[2i + 1]'s
+  for (int i = 0; i < 4; ++i) quads[i] = vpaddq_f32(pairs8(v[2 * i]), pairs8(v[2 * i + 1]));
+  return {vpaddq_f32(quads[0], quads[1]), vpaddq_f32(quads[2], quads[3])};
+}
+
+// exp(x) for x <= 0, the avx2 level's exp8 lane for lane (same reduction and polynomial); NaN
+// stays NaN (vmaxq_f32 returns it), large negative x gives 0.
+inline float32x4_t exp4(float32x4_t a) {
+  const float32x4_t lo = vdupq_n_f32(-87.0f);
+  const float32x4_t x = vmaxq_f32(lo, a);
+  const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
+  float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
+  r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+  float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+  p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+  p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+  const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+  const float32x4_t y = vmulq_f32(p, vreinterpretq_f32_s32(e));
+  // Below the clamp the true value is < 2^-125: flush to 0 so masked-like scores add nothing.
+  return vbslq_f32(vcltq_f32(a, lo), vdupq_n_f32(0.0f), y);
+}
+inline Vec8 exp8(Vec8 a) { return {exp4(a.lo), exp4(a.hi)}; }
 
 #else  // portable fallback
 

@@ -1,6 +1,7 @@
 // The CPU backend's instruction-set levels (src/cpu/isa.h): every level this machine runs gives
-// the oracle's answers (ctest runs the CPU suites once per level through KVFLASH_CPU_ISA), and
-// the avx2 and avx512 copies, whose arithmetic is the same lane for lane, give identical bits.
+// the oracle's answers (ctest runs the CPU suites once per level through KVFLASH_CPU_ISA; the
+// aarch64 build's baseline and neon run under qemu: scripts/cross_aarch64.sh), and the avx2 and
+// avx512 copies, whose arithmetic is the same lane for lane, give identical bits.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -79,7 +80,7 @@ TEST(CpuIsa, UnknownOrUnsupportedLevelIsAnErrorNamingTheVariable) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "KVFLASH_CPU_ISA");
-    EXPECT_EQ(std::string(e.what()), "KVFLASH_CPU_ISA=sse9: expected auto, baseline, avx2 or avx512");
+    EXPECT_EQ(std::string(e.what()), "KVFLASH_CPU_ISA=sse9: expected auto, baseline, avx2, avx512, neon");
   }
   try {
     requested_isa("avx512", {Isa::baseline, Isa::avx2});
@@ -88,6 +89,24 @@ TEST(CpuIsa, UnknownOrUnsupportedLevelIsAnErrorNamingTheVariable) {
     EXPECT_EQ(e.kind(), ErrorKind::unsupported);
     EXPECT_EQ(std::string(e.what()),
               "KVFLASH_CPU_ISA=avx512: this CPU or build cannot run it (supported here: baseline, avx2)");
+  }
+}
+
+// Each architecture builds its own ladder: a build that silently lost its SIMD levels (a CMake
+// architecture test gone wrong) fails here instead of running everything at the baseline.
+TEST(CpuIsa, ThisArchitectureBuildsItsLevels) {
+#if defined(__aarch64__)
+  EXPECT_EQ(supported_isas(), (std::vector<Isa>{Isa::baseline, Isa::neon}));
+#elif defined(__x86_64__)
+  EXPECT_FALSE(runs(Isa::neon));
+#endif
+  try {
+    requested_isa("neon", {Isa::baseline, Isa::avx2});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::unsupported);
+    EXPECT_EQ(std::string(e.what()),
+              "KVFLASH_CPU_ISA=neon: this CPU or build cannot run it (supported here: baseline, avx2)");
   }
 }
 
