@@ -35,7 +35,9 @@ struct Context {
   std::vector<core::SeqInfo> seqs;
   Rotary rotary;
   bool use_k;           // scores include q.k
+  bool bf16_scores;     // q.k from bf16 rows of the unscaled query (kBf16Scores)
   int dim, dim_v;       // padded to kLanes
+  int dim_bf16;         // padded to kBf16Columns
   int heads_k_per_task = 1;
   int positions_per_task = 1;
 
@@ -45,8 +47,10 @@ struct Context {
     seqs.resize(size_t(p.batch));
     for (int b = 0; b < p.batch; ++b) seqs[size_t(b)] = core::seq_info(p, b);
     use_k = p.has_q && p.has_k && !p.only_qv;
+    bf16_scores = kBf16Scores && use_k && p.args.k_cache->dtype == DType::bf16;
     dim = round_up_lanes(std::max(p.headdim, 1));
     dim_v = round_up_lanes(p.headdim_v);
+    dim_bf16 = (std::max(p.headdim, 1) + kBf16Columns - 1) / kBf16Columns * kBf16Columns;
     choose_task_shape(num_threads);
   }
   int splits_of(int b) const { return cpu::splits_of(plan, b); }
@@ -85,14 +89,20 @@ struct Task {
 
 // Per-thread buffers, sized once per call. k / v: the cache rows of the current key block and
 // k_next / v_next those of the next one (to prefetch), [head][key], null past the block's end.
+// q_bf16 / q_scale: the unscaled query rows and their scales, for bf16_scores.
 struct Scratch {
-  std::vector<float> q, qv, s, acc, m, l;
+  std::vector<float> q, qv, s, acc, m, l, q_scale;
+  std::vector<uint16_t> q_bf16;
   std::vector<const void*> k, v, k_next, v_next;
   std::vector<core::KeyRange> range;
   explicit Scratch(const Context& c) {
     const size_t rows = size_t(c.rows_per_task());
     const size_t keys = size_t(kKeyBlock) * size_t(c.heads_k_per_task);
     q.assign(rows * size_t(c.dim), 0.0f);
+    if (c.bf16_scores) {
+      q_bf16.assign(rows * size_t(c.dim_bf16), 0);
+      q_scale.assign(rows, 0.0f);
+    }
     if (c.p.has_qv) qv.assign(rows * size_t(c.dim_v), 0.0f);
     for (auto* rows_of : {&k, &v, &k_next, &v_next}) rows_of->assign(keys, nullptr);
     s.assign(rows * kKeyBlock, 0.0f);
@@ -140,6 +150,10 @@ void load_queries(const Context& c, const Task& t, int positions, Scratch& w) {
         // Rotated in fp32 and rounded to q's type, as if q had been rotated in memory.
         c.rotary.rotate(q, seq.rotary_start + (p.rotate_q_per_row ? i : 0));
         round_row(p.args.q->dtype, q, p.rotary_dim);
+      }
+      if (c.bf16_scores) {
+        store_row(DType::bf16, q, p.headdim, &w.q_bf16[size_t(row) * size_t(c.dim_bf16)]);  // exact
+        w.q_scale[size_t(row)] = scale;
       }
       for (int x = 0; x < p.headdim; ++x) q[x] *= scale;
     }
@@ -236,7 +250,15 @@ void process_rows(const Context& c, int r0, int r1, int head_k, int a, int b, in
       acc[x] = &w.acc[size_t(r + x) * size_t(c.dim_v)];
     }
     const bool first_tile = r == r0;
-    if (c.use_k) dispatch_tile<DotTile>(rows, k_dtype, q, keys, first_tile ? during_scores : Ahead{}, n, p.headdim, s);
+    const Ahead scores_ahead = first_tile ? during_scores : Ahead{};
+#if KVFLASH_CPU_AVX512_BF16
+    if (c.bf16_scores) {
+      const uint16_t* q_bf16[kMaxRowsPerTile];
+      for (int x = 0; x < rows; ++x) q_bf16[x] = &w.q_bf16[size_t(r + x) * size_t(c.dim_bf16)];
+      dispatch_rows<DotBf16Tile>(rows, q_bf16, keys, scores_ahead, n, p.headdim, w.q_scale[size_t(r)], s);
+    }
+#endif
+    if (c.use_k && !c.bf16_scores) dispatch_tile<DotTile>(rows, k_dtype, q, keys, scores_ahead, n, p.headdim, s);
     if (p.has_qv) {
       if (c.use_k) dispatch_tile<DotAddTile>(rows, v_dtype, qv, values, Ahead{}, n, p.headdim_v, s);
       else dispatch_tile<DotTile>(rows, v_dtype, qv, values, Ahead{}, n, p.headdim_v, s);

@@ -13,7 +13,9 @@ namespace {
 
 constexpr const char* kEnvVar = "KVFLASH_CPU_ISA";
 
-#if KVFLASH_CPU_X86_LEVELS
+#if KVFLASH_CPU_AVX512_BF16_LEVEL
+constexpr Isa kLevels[] = {Isa::baseline, Isa::avx2, Isa::avx512, Isa::avx512_bf16};
+#elif KVFLASH_CPU_X86_LEVELS
 constexpr Isa kLevels[] = {Isa::baseline, Isa::avx2, Isa::avx512};
 #else
 constexpr Isa kLevels[] = {Isa::baseline};
@@ -25,18 +27,27 @@ bool has_f16c() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
 }
+
+// AVX512_BF16 from CPUID leaf 7 subleaf 1 (EAX bit 5): GCC 12's and clang 14's
+// __builtin_cpu_supports do not agree on its name. Whether the OS saves the ZMM registers is
+// checked by __builtin_cpu_supports("avx512f"), which this level also requires.
+bool has_avx512_bf16() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;
+}
 #endif
 
 // __builtin_cpu_supports also checks that the OS saves the AVX / AVX-512 registers (XCR0).
 bool cpu_runs(Isa isa) {
 #if KVFLASH_CPU_X86_LEVELS
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
   switch (isa) {
     case Isa::baseline: return true;
     case Isa::avx2: return avx2;
-    case Isa::avx512:
-      return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    case Isa::avx512: return avx512;
+    case Isa::avx512_bf16: return avx512 && has_avx512_bf16();
   }
   return false;
 #else
@@ -60,6 +71,7 @@ const char* isa_name(Isa isa) {
     case Isa::baseline: return "baseline";
     case Isa::avx2: return "avx2";
     case Isa::avx512: return "avx512";
+    case Isa::avx512_bf16: return "avx512_bf16";
   }
   return "?";
 }
@@ -74,7 +86,7 @@ std::vector<Isa> supported_isas() {
 
 Isa requested_isa(const std::string& value, const std::vector<Isa>& supported) {
   if (value.empty() || value == "auto") return supported.back();
-  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512}) {
+  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512, Isa::avx512_bf16}) {
     if (value != isa_name(isa)) continue;
     for (Isa s : supported) {
       if (s == isa) return isa;
@@ -84,7 +96,7 @@ Isa requested_isa(const std::string& value, const std::vector<Isa>& supported) {
                     names_of(supported) + ")");
   }
   throw Error(ErrorKind::invalid_value, kEnvVar,
-              std::string(kEnvVar) + "=" + value + ": expected auto, baseline, avx2 or avx512");
+              std::string(kEnvVar) + "=" + value + ": expected auto, baseline, avx2, avx512 or avx512_bf16");
 }
 
 Isa active_isa() {

@@ -12,6 +12,7 @@ enum class Isa {
   baseline,  // the build's baseline (x86-64-v2 by default; NEON on aarch64 as the compiler emits it)
   avx2,      // AVX2 + FMA + F16C (x86-64-v3)
   avx512,    // AVX-512 F/DQ/BW/VL (x86-64-v4)
+  avx512_bf16,  // + AVX512_BF16: bf16 scores (Q.K) with vdpbf16ps; built where the compiler has it
 };
 
 const char* isa_name(Isa isa);

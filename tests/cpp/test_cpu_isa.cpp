@@ -79,7 +79,7 @@ TEST(CpuIsa, UnknownOrUnsupportedLevelIsAnErrorNamingTheVariable) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "KVFLASH_CPU_ISA");
-    EXPECT_EQ(std::string(e.what()), "KVFLASH_CPU_ISA=sse9: expected auto, baseline, avx2 or avx512");
+    EXPECT_EQ(std::string(e.what()), "KVFLASH_CPU_ISA=sse9: expected auto, baseline, avx2, avx512 or avx512_bf16");
   }
   try {
     requested_isa("avx512", {Isa::baseline, Isa::avx2});
