@@ -44,6 +44,7 @@ struct BenchConfig {
   int64_t min_working_set_mib = 1024;  // decode rows cycle through this many MiB
   int64_t bandwidth_mib = 3072;
   bool quick = false;
+  bool eager = false;  // also time each row's calls eagerly: host work = eager - graph replay
   std::string format = "csv";
   std::string out_path;
 };
@@ -77,6 +78,8 @@ void add_bench_flags(CLI::App& command, BenchConfig& c, std::string& format) {
       ->check(CLI::IsMember({"csv", "json"}));
   command.add_option("--out", c.out_path, "write the rows to this file");
   command.add_flag("--quick", c.quick, "a small grid, for a smoke test (flags given still apply)");
+  command.add_flag("--eager", c.eager,
+                   "also time the calls enqueued eagerly; host_us = eager - graph-replay time per call (CUDA)");
 }
 
 void finish_bench_config(const CLI::App& command, BenchConfig& c, const std::string& format) {
@@ -103,6 +106,7 @@ struct BenchRow {
   int64_t batch = 0, seqlen_q = 0, context = 0, layers = 1;
   double median_ms = 0, min_ms = 0;
   double gbs = 0, pct_bandwidth = 0, gflops = 0, pct_matmul = 0;
+  double eager_ms = std::nan(""), host_us = std::nan("");  // --eager only
 };
 
 // The 1-minute load average: figures taken on a busy machine say so.
@@ -176,11 +180,13 @@ class AttendOnlyCall {
 };
 
 // Median and minimum of per-call milliseconds over `repeats` passes (after `warmup` passes) of
-// every call in `calls`, one after the other as the layers of a model would run.
+// every call in `calls`, one after the other as the layers of a model would run; replayed as a
+// graph on CUDA, or enqueued eagerly.
 std::pair<double, double> time_calls(DeviceMemory& memory, const std::vector<std::unique_ptr<AttendOnlyCall>>& calls,
-                                     const RunOptions& options, int warmup, int repeats) {
-  std::vector<double> per_call_ms = memory.time_passes(
-      [&] { for (const auto& call : calls) call->run(options); }, warmup, repeats);
+                                     const RunOptions& options, int warmup, int repeats, bool eager = false) {
+  const auto pass = [&] { for (const auto& call : calls) call->run(options); };
+  std::vector<double> per_call_ms =
+      eager ? memory.time_eager_passes(pass, warmup, repeats) : memory.time_passes(pass, warmup, repeats);
   for (double& ms : per_call_ms) ms /= double(calls.size());
   std::sort(per_call_ms.begin(), per_call_ms.end());
   return {per_call_ms[per_call_ms.size() / 2], per_call_ms.front()};
@@ -217,6 +223,11 @@ BenchRow bench_shape(DeviceMemory& memory, const BenchConfig& config, DType dtyp
   const int repeats = probe_s * double(layers) > 2.0 ? std::min(config.repeats, 3) : config.repeats;
   const int warmup = probe_s * double(layers) > 2.0 ? 0 : config.warmup;
   const auto [median_ms, min_ms] = time_calls(memory, calls, options, warmup, repeats);
+  double eager_ms = std::nan("");
+  // On the CPU every pass is already eager: nothing to compare.
+  if (config.eager && memory.device().type == DeviceType::cuda) {
+    eager_ms = time_calls(memory, calls, options, warmup, repeats, /*eager=*/true).first;
+  }
 
   BenchRow row;
   row.kind = seqlen_q == 1 ? "decode" : "prefill";
@@ -231,6 +242,8 @@ BenchRow bench_shape(DeviceMemory& memory, const BenchConfig& config, DType dtyp
   row.gflops = work.flops / (median_ms * 1e-3) * 1e-9;
   row.pct_bandwidth = 100.0 * row.gbs / ceilings.bandwidth_gbs;
   row.pct_matmul = 100.0 * row.gflops / ceilings.matmul_gflops;
+  row.eager_ms = eager_ms;
+  row.host_us = (eager_ms - median_ms) * 1e3;
   return row;
 }
 
@@ -241,17 +254,19 @@ std::string percent(double value, bool applies) {
   return text;
 }
 
-void print_table(const std::vector<BenchRow>& rows, const Ceilings& ceilings) {
-  std::printf("%-8s %-5s %6s %7s %8s %7s %10s %10s %9s %7s %9s %7s\n", "kind", "dtype", "batch",
+void print_table(const std::vector<BenchRow>& rows, const Ceilings& ceilings, bool eager) {
+  std::printf("%-8s %-5s %6s %7s %8s %7s %10s %10s %9s %7s %9s %7s%s\n", "kind", "dtype", "batch",
               "seq_q", "context", "layers", "median_ms", "min_ms", "KV_GB/s", "%bw", "GFLOP/s",
-              "%matmul");
+              "%matmul", eager ? "   eager_ms  host_us" : "");
   for (const BenchRow& r : rows) {
     const bool decode = r.kind == "decode";
-    std::printf("%-8s %-5s %6lld %7lld %8lld %7lld %10.3f %10.3f %9.2f %7s %9.1f %7s\n",
+    std::printf("%-8s %-5s %6lld %7lld %8lld %7lld %10.3f %10.3f %9.2f %7s %9.1f %7s",
                 r.kind.c_str(), short_dtype_name(r.dtype), (long long)r.batch,
                 (long long)r.seqlen_q, (long long)r.context, (long long)r.layers, r.median_ms,
                 r.min_ms, r.gbs, percent(r.pct_bandwidth, decode).c_str(), r.gflops,
                 percent(r.pct_matmul, !decode).c_str());
+    if (eager) std::printf(" %10.3f %8.1f", r.eager_ms, r.host_us);
+    std::printf("\n");
   }
   std::printf("ceilings: %.2f GB/s (%s), %.1f GFLOP/s (%s)\n", ceilings.bandwidth_gbs,
               ceilings.bandwidth_what.c_str(), ceilings.matmul_gflops, ceilings.matmul_what.c_str());
@@ -269,7 +284,7 @@ std::string csv_quoted(const std::string& text) {
 void write_csv(std::ostream& out, const std::vector<BenchRow>& rows, const BenchConfig& c,
                const Ceilings& ceilings, const nlohmann::json& about) {
   out << "kind,dtype,batch,seqlen_q,context,heads,kv_heads,head_dim,page_size,layers,median_ms,"
-         "min_ms,kv_gbs,pct_bandwidth,gflops,pct_matmul,ceiling_bandwidth_gbs,ceiling_matmul_gflops,device,"
+         "min_ms,kv_gbs,pct_bandwidth,gflops,pct_matmul,eager_ms,host_us,ceiling_bandwidth_gbs,ceiling_matmul_gflops,device,"
          "version,commit,cpu,cpu_isa,command\n";
   const std::string tail = csv_quoted(about["device"]) + "," + csv_quoted(about["version"]) + "," +
                            csv_quoted(about["commit"]) + "," + csv_quoted(about["cpu"]) + "," +
@@ -279,7 +294,7 @@ void write_csv(std::ostream& out, const std::vector<BenchRow>& rows, const Bench
         << r.context << ',' << c.shape.heads << ',' << c.shape.kv_heads << ',' << c.shape.head_dim
         << ',' << c.page_size << ',' << r.layers << ',' << r.median_ms << ',' << r.min_ms << ','
         << r.gbs << ',' << r.pct_bandwidth << ',' << r.gflops << ',' << r.pct_matmul << ','
-        << ceilings.bandwidth_gbs << ',' << ceilings.matmul_gflops << ',' << tail << '\n';
+        << r.eager_ms << ',' << r.host_us << ',' << ceilings.bandwidth_gbs << ',' << ceilings.matmul_gflops << ',' << tail << '\n';
   }
 }
 
@@ -300,7 +315,8 @@ void write_json(std::ostream& out, const std::vector<BenchRow>& rows, const Benc
     doc["rows"].push_back({{"kind", r.kind}, {"dtype", short_dtype_name(r.dtype)}, {"batch", r.batch},
                            {"seqlen_q", r.seqlen_q}, {"context", r.context}, {"layers", r.layers},
                            {"median_ms", r.median_ms}, {"min_ms", r.min_ms}, {"kv_gbs", r.gbs},
-                           {"pct_bandwidth", r.pct_bandwidth}, {"gflops", r.gflops}, {"pct_matmul", r.pct_matmul}});
+                           {"pct_bandwidth", r.pct_bandwidth}, {"gflops", r.gflops}, {"pct_matmul", r.pct_matmul},
+                           {"eager_ms", r.eager_ms}, {"host_us", r.host_us}});
   }
   out << doc.dump(2) << '\n';
 }
@@ -342,7 +358,7 @@ int bench(const BenchConfig& config, const std::string& command_line) {
                    (long long)config.prefill_batch, (long long)length, rows.back().median_ms);
     }
   }
-  print_table(rows, ceilings);
+  print_table(rows, ceilings, config.eager);
   std::printf("load average (1 min) at end: %.2f\n", load_average());
   if (!config.out_path.empty()) {
     std::ofstream out(config.out_path);

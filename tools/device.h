@@ -44,6 +44,11 @@ class DeviceMemory {
   // pass captured as a CUDA graph and replayed between events, so host launch costs are not
   // counted, as in a serving engine's captured decode step.
   virtual std::vector<double> time_passes(const std::function<void()>& pass, int warmup, int repeats);
+  // The same, each pass enqueued eagerly (no graph): on CUDA the host's work per call counts
+  // wherever it is slower than the GPU's, as for an engine's eager prefill. Here: time_passes.
+  virtual std::vector<double> time_eager_passes(const std::function<void()>& pass, int warmup, int repeats) {
+    return time_passes(pass, warmup, repeats);
+  }
 };
 
 // "cpu", "cuda" or "auto" (cuda when kvflash::cuda_available(), else cpu).

@@ -118,6 +118,14 @@ class CudaMemory final : public DeviceMemory {
     return ms;
   }
 
+  std::vector<double> time_eager_passes(const std::function<void()>& pass, int warmup, int repeats) override {
+    for (int w = 0; w < warmup; ++w) pass();
+    synchronize();
+    std::vector<double> ms;
+    for (int r = 0; r < repeats; ++r) ms.push_back(timed_on(stream_, pass));
+    return ms;
+  }
+
  private:
   double copy_bandwidth_gbs(size_t bytes) {
     void* src = allocate(bytes);

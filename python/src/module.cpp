@@ -234,8 +234,19 @@ void bind_plan(nb::module_& m) {
            [](const PlanKey& a, const PlanKey& b) { return first_difference(a, b); },
            "The first field in which this key and `other` differ, '' when equal.");
 
+  nb::class_<KernelChoice>(m, "KernelChoice", "Which kernels run a call (kvflash/kernel_family.h).")
+      .def_prop_ro("family", [](const KernelChoice& k) { return family_name(k.family); })
+      .def_prop_ro("shape", [](const KernelChoice& k) { return shape_name(k.shape); })
+      .def_ro("headdim", &KernelChoice::headdim)
+      .def_ro("headdim_v", &KernelChoice::headdim_v)
+      .def("__repr__", [](const KernelChoice& k) {
+        return std::string("KernelChoice(") + family_name(k.family) + ", " + shape_name(k.shape) + ", d " +
+               std::to_string(k.headdim) + " / " + std::to_string(k.headdim_v) + ")";
+      });
+
   nb::class_<Plan>(m, "Plan", "Typed scheduler metadata: the problem it was made for and its decisions.")
       .def_ro("key", &Plan::key)
+      .def_ro("kernel", &Plan::kernel, "The kernel family, shape and instantiation the call runs.")
       .def_ro("block_m", &Plan::block_m)
       .def_ro("block_n", &Plan::block_n)
       .def_ro("num_splits", &Plan::num_splits)

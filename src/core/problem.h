@@ -10,8 +10,8 @@ namespace kvflash::core {
 struct Problem {
   KvCacheArgs args;       // the caller's views (absent tensors are nullopt)
   Device device{};
-  DType dtype = DType::bf16;      // of q / k_cache / v_cache (v_cache's when only_qv)
-  DType out_dtype = DType::bf16;  // q's dtype, bf16 for fp8 input
+  DType dtype = DType::bf16;      // of q (qv's when q is absent); the caches' unless fp8_cache
+  DType out_dtype = DType::bf16;  // q's (or qv's) dtype, bf16 for fp8 input
 
   int batch = 0;
   int seqlen_q = 0;        // static s_q (max_seqlen_q when varlen)
@@ -39,7 +39,8 @@ struct Problem {
   bool has_k = true;       // false with only_qv and k_cache absent
   bool has_qv = false;
   bool only_qv = false;
-  bool fp8 = false;
+  bool fp8 = false;        // q (and the cache) float8_e4m3fn: FA3's fp8 call
+  bool fp8_cache = false;  // k_cache / v_cache float8_e4m3fn, under an fp8 or a 16-bit q
   bool has_sinks = false;
 
   float softmax_scale = 0.0f;

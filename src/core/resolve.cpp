@@ -62,6 +62,7 @@ Problem resolve(const KvCacheArgs& args) {
   p.device = shape.device;
   p.dtype = shape.dtype;
   p.fp8 = p.dtype == DType::e4m3;
+  p.fp8_cache = shape.cache_dtype == DType::e4m3;
   p.out_dtype = p.fp8 ? DType::bf16 : p.dtype;
 
   p.batch = static_cast<int>(shape.batch);

@@ -140,7 +140,8 @@ CallShape call_shape(const KvCacheArgs& args) {
   s.query = args.q ? &*args.q : &*args.qv;
   const TensorView& query = *s.query;
   s.device = query.device;
-  s.dtype = args.q ? args.q->dtype : v_cache.dtype;
+  s.dtype = query.dtype;  // qv's without q: the caches' too, except under a 16-bit qv over fp8
+  s.cache_dtype = v_cache.dtype;
   s.varlen_q = args.cu_seqlens_q.has_value();
   if (s.varlen_q) {
     s.batch = args.cu_seqlens_q->size(0) - 1;
@@ -220,6 +221,25 @@ void check_presence(const KvCacheArgs& a) {
   if (!a.v_cache) fail(ErrorKind::invalid_value, "v_cache", "v_cache must be provided");
 }
 
+// FA3 takes q, k_cache and v_cache of one dtype. kvflash also takes the form serving engines use
+// for fp8 KV caches: a 16-bit query (qv, new k / v in its dtype) over a cache whose k_cache and
+// v_cache are both float8_e4m3fn (contract 5.8). Every other mix is refused with FA3's wording.
+void check_cache_dtypes(const KvCacheArgs& a, const char* query_name, DType dtype) {
+  const bool fp8_cache =
+      (a.k_cache && a.k_cache->dtype == DType::e4m3) || a.v_cache->dtype == DType::e4m3;
+  if (!fp8_cache || !is_16bit(dtype)) {
+    if (a.k_cache) {
+      require_dtype(*a.k_cache, "k_cache", dtype, "query and key must have the same dtype");
+    }
+    require_dtype(*a.v_cache, "v_cache", dtype, "query and value must have the same dtype");
+    return;
+  }
+  const std::string mixed = std::string("a ") + dtype_name(dtype) + " " + query_name +
+                            " over an fp8 KV cache needs k_cache and v_cache both float8_e4m3fn";
+  if (a.k_cache) require_dtype(*a.k_cache, "k_cache", DType::e4m3, mixed);
+  require_dtype(*a.v_cache, "v_cache", DType::e4m3, mixed);
+}
+
 // Steps 2-3: dtypes of q / k_cache / v_cache, one device, contiguous last dimensions, ranks.
 void check_inputs(const KvCacheArgs& a) {
   const bool has_q = a.q.has_value();
@@ -235,10 +255,7 @@ void check_inputs(const KvCacheArgs& a) {
                      "CPU backend also takes float32 (") +
              query_name + " is " + dtype_name(dtype) + ")");
   }
-  if (a.k_cache) {
-    require_dtype(*a.k_cache, "k_cache", dtype, "query and key must have the same dtype");
-  }
-  require_dtype(*a.v_cache, "v_cache", dtype, "query and value must have the same dtype");
+  check_cache_dtypes(a, query_name, dtype);
 
   const Device device = query.device;
   if (device.type != DeviceType::cpu && device.type != DeviceType::cuda) {
@@ -375,10 +392,10 @@ void check_heads(const KvCacheArgs& a, const CallShape& s) {
                to_string(d) + ", headdim_v is " + to_string(dv) + ")");
     }
   }
-  if (dv > kMaxHeadDim && s.dtype == DType::e4m3) {
+  if (dv > kMaxHeadDim && s.cache_dtype == DType::e4m3) {
     fail(ErrorKind::invalid_type, "v_cache",
          "HeaddimV > 256 requires fp16 and bf16 data type (headdim_v is " + to_string(dv) +
-             ", dtype is float8_e4m3fn)");
+             ", v_cache is float8_e4m3fn)");
   }
 }
 
@@ -440,7 +457,8 @@ void check_shapes(const KvCacheArgs& a, const CallShape& s) {
          "cache_seqlens = " + to_string(*a.cache_seqlens_value) + " is out of range [0, " +
              to_string(s.seqlen_k) + "] (the cache capacity)");
   }
-  const int64_t multiple = s.dtype == DType::e4m3 ? 16 : 8;
+  // 16-byte rows: 16 elements of an fp8 cache (a 16-bit query over it included), 8 otherwise.
+  const int64_t multiple = s.cache_dtype == DType::e4m3 ? 16 : 8;
   if (s.headdim % multiple != 0) {
     fail(ErrorKind::invalid_value, a.q ? "q" : "k_cache",
          "head_size should be a multiple of " + to_string(multiple) + " (got " +
@@ -584,20 +602,31 @@ void check_rotary(const KvCacheArgs& a, const CallShape& s) {
   }
 }
 
+// The descales of the fp8 tensors: q_descale with an fp8 query, k_descale / v_descale with an fp8
+// cache. Without fp8 they are ignored (spec 12.8); a q_descale with a 16-bit query over an fp8
+// cache is refused, since that query has no scale to undo and the caller likely meant another call.
+void check_descales(const KvCacheArgs& a, const CallShape& s) {
+  if (s.cache_dtype != DType::e4m3) return;
+  if (a.q_descale && s.dtype != DType::e4m3) {
+    fail(ErrorKind::invalid_value, "q_descale",
+         std::string("q_descale is only for a float8_e4m3fn query (q is ") + dtype_name(s.dtype) +
+             "; k_descale / v_descale dequantise the fp8 KV cache)");
+  }
+  for (const auto& [t, name] :
+       {std::pair{&a.q_descale, "q_descale"}, std::pair{&a.k_descale, "k_descale"},
+        std::pair{&a.v_descale, "v_descale"}}) {
+    if (!*t) continue;
+    require_dtype(**t, name, DType::f32, std::string(name) + " must have dtype float32");
+    require_shape(**t, name, {s.batch, s.num_heads_k},
+                  std::string(name) + " must have shape (batch_size, num_heads_k)");
+  }
+}
+
 // Step 17, last part: cache_batch_idx, fp8 descales, sinks.
 void check_extras(const KvCacheArgs& a, const CallShape& s) {
   const std::string b_shape = "(batch_size,) = (" + to_string(s.batch) + ",)";
   check_index_tensor(a.cache_batch_idx, "cache_batch_idx", {s.batch}, b_shape);
-  if (s.dtype == DType::e4m3) {
-    for (const auto& [t, name] :
-         {std::pair{&a.q_descale, "q_descale"}, std::pair{&a.k_descale, "k_descale"},
-          std::pair{&a.v_descale, "v_descale"}}) {
-      if (!*t) continue;
-      require_dtype(**t, name, DType::f32, std::string(name) + " must have dtype float32");
-      require_shape(**t, name, {s.batch, s.num_heads_k},
-                    std::string(name) + " must have shape (batch_size, num_heads_k)");
-    }
-  }
+  check_descales(a, s);
   if (a.sinks) {
     const TensorView& sinks = *a.sinks;
     if (sinks.dtype != DType::f32 && sinks.dtype != DType::bf16) {

@@ -17,7 +17,8 @@ namespace kvflash::core {
 // only the ranks are trusted; validate() checks everything against these.
 struct CallShape {
   Device device{};
-  DType dtype = DType::bf16;          // of q (v_cache's when q is absent)
+  DType dtype = DType::bf16;          // of q (qv's when q is absent)
+  DType cache_dtype = DType::bf16;    // of v_cache (and k_cache): e4m3 under a 16-bit q too
   const TensorView* query = nullptr;  // q, or qv when only_qv drops q
   bool varlen_q = false;
   int64_t batch = 0;

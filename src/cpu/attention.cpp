@@ -35,7 +35,7 @@ struct Context {
   std::vector<core::SeqInfo> seqs;
   Rotary rotary;
   bool use_k;           // scores include q.k
-  bool bf16_keys;       // use_k, bf16 keys and this level has dot_rows_bf16 (kBf16Scores)
+  bool bf16_keys;       // use_k, bf16 q and keys, and this level has dot_rows_bf16 (kBf16Scores)
   int dim, dim_v;       // padded to kLanes
   int dim_bf16;         // padded to kBf16Columns
   int heads_k_per_task = 1;
@@ -47,7 +47,7 @@ struct Context {
     seqs.resize(size_t(p.batch));
     for (int b = 0; b < p.batch; ++b) seqs[size_t(b)] = core::seq_info(p, b);
     use_k = p.has_q && p.has_k && !p.only_qv;
-    bf16_keys = kBf16Scores && use_k && p.args.k_cache->dtype == DType::bf16;
+    bf16_keys = kBf16Scores && use_k && p.args.q->dtype == DType::bf16 && p.args.k_cache->dtype == DType::bf16;
     dim = round_up_lanes(std::max(p.headdim, 1));
     dim_v = round_up_lanes(p.headdim_v);
     dim_bf16 = (std::max(p.headdim, 1) + kBf16Columns - 1) / kBf16Columns * kBf16Columns;
@@ -121,13 +121,25 @@ struct Scratch {
   }
 };
 
-// The factor folded into q (and qv): softmax_scale, fp8 descales, and 1/softcap so that the
-// dot product is already the argument of tanh.
-float query_scale(const core::Problem& p, int b, int hk) {
-  float scale = p.softmax_scale;
-  if (p.fp8) scale *= descale_at(p.args.q_descale, b, hk) * descale_at(p.args.k_descale, b, hk);
-  if (p.softcap > 0.0f) scale /= p.softcap;
-  return scale;
+// The factors folded into q and qv: softmax_scale, the descales of the fp8 tensors each product
+// meets (q.k: an fp8 q's and an fp8 K cache's; qv.v: an fp8 V cache's), and 1/softcap so that
+// the dot product is already the argument of tanh.
+struct QueryScales {
+  float q, qv;
+};
+
+QueryScales query_scales(const core::Problem& p, int b, int hk) {
+  QueryScales s{p.softmax_scale, p.softmax_scale};
+  if (p.fp8) s.q *= descale_at(p.args.q_descale, b, hk);
+  if (p.fp8_cache) {
+    s.q *= descale_at(p.args.k_descale, b, hk);
+    s.qv *= descale_at(p.args.v_descale, b, hk);
+  }
+  if (p.softcap > 0.0f) {
+    s.q /= p.softcap;
+    s.qv /= p.softcap;
+  }
+  return s;
 }
 
 void load_scaled_row(DType dtype, const void* src, int n, float scale, float* dst) {
@@ -145,12 +157,12 @@ void for_each_task_row(const Context& c, const Task& t, int positions, Fn fn) {
   }
 }
 
-// Query rows of the task, rotated when rotary is on, scaled by query_scale.
+// Query rows of the task, rotated when rotary is on, scaled by query_scales.
 void load_queries(const Context& c, const Task& t, int positions, Scratch& w) {
   const core::Problem& p = c.p;
   const core::SeqInfo& seq = c.seqs[size_t(t.b)];
   for_each_task_row(c, t, positions, [&](int i, int h, int row) {
-    const float scale = query_scale(p, t.b, h / p.group);
+    const QueryScales scale = query_scales(p, t.b, h / p.group);
     if (c.use_k) {
       float* q = &w.q[size_t(row) * size_t(c.dim)];
       load_row(p.args.q->dtype, SeqRows(*p.args.q, t.b, seq.q_offset).row(i, h), p.headdim, q);
@@ -161,13 +173,13 @@ void load_queries(const Context& c, const Task& t, int positions, Scratch& w) {
       }
       if (w.bf16_scores) {
         store_row(DType::bf16, q, p.headdim, &w.q_bf16[size_t(row) * size_t(c.dim_bf16)]);  // exact
-        w.q_scale[size_t(row)] = scale;
+        w.q_scale[size_t(row)] = scale.q;
       }
-      for (int x = 0; x < p.headdim; ++x) q[x] *= scale;
+      for (int x = 0; x < p.headdim; ++x) q[x] *= scale.q;
     }
     if (p.has_qv) {
       load_scaled_row(p.args.qv->dtype, SeqRows(*p.args.qv, t.b, seq.q_offset).row(i, h),
-                      p.headdim_v, scale, &w.qv[size_t(row) * size_t(c.dim_v)]);
+                      p.headdim_v, scale.qv, &w.qv[size_t(row) * size_t(c.dim_v)]);
     }
   });
 }
@@ -309,7 +321,7 @@ void write_rows(const Context& c, const Task& t, int positions, Scratch& w) {
   const core::SeqInfo& seq = c.seqs[size_t(t.b)];
   const SeqRows out(c.outputs.out, t.b, seq.q_offset);
   for_each_task_row(c, t, positions, [&](int i, int h, int row) {
-    const float out_scale = p.fp8 ? descale_at(p.args.v_descale, t.b, h / p.group) : 1.0f;
+    const float out_scale = p.fp8_cache ? descale_at(p.args.v_descale, t.b, h / p.group) : 1.0f;
     float* acc = &w.acc[size_t(row) * size_t(c.dim_v)];
     const float lse = finalize_row(w.m[size_t(row)], w.l[size_t(row)], sink_of(p, h, t.split),
                                    out_scale, acc, p.headdim_v);

@@ -26,6 +26,12 @@ namespace kvflash::oracle {
 // LSE: |got - ref| <= lse_atol + score_rel * S   (S: the row's score bound)
 // A backend that keeps P in fp32 (fp32_probabilities) is held to one ulp of the out type instead
 // (fp16 2^-11, bf16 and fp8's bf16 out 2^-8), which is twice its final rounding.
+// A 16-bit query over an fp8 e4m3 cache (contract 5.8) takes the query's row, not e4m3's: e4m3
+// values (3 mantissa bits, magnitudes 2^-9 .. 448) are exact in fp16 and bf16 and the descales
+// are fp32 factors, so the attention reads exact inputs and computes in the query's type; out is
+// in the query's type too. fp8's own rounding happens where new K/V are quantised into the cache,
+// and is checked there: bit-exact against the oracle's rounding, or within one e4m3 ulp (plus the
+// rotation's fp32 error, divided by the descale) for rotated channels (appended_tolerance).
 Tolerance tolerance_for(DType input_dtype, ToleranceProfile profile) {
   if (profile == ToleranceProfile::fp32_probabilities) {
     switch (input_dtype) {
@@ -72,8 +78,9 @@ class Checker {
   Checker(const Case& c, const OracleResult& ref, Comparison& result, ToleranceProfile profile)
       : c_(c), ref_(ref), result_(result), tol_(tolerance_for(input_dtype(c), profile)) {}
 
+  // The query's (q's, else qv's) dtype picks the row, also over an fp8 cache (see the table).
   static DType input_dtype(const Case& c) {
-    return c.args.q ? c.args.q->dtype : c.args.v_cache->dtype;
+    return c.args.q ? c.args.q->dtype : c.args.qv->dtype;
   }
 
   // One value against its reference and bound; NaN never passes.

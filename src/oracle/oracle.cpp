@@ -22,7 +22,8 @@ struct Shapes {
   bool varlen_q = false, paged = false, has_new = false, new_packed = false;
   int page_size = 1, capacity = 0;  // capacity: s_k, the static number of positions of a sequence
   int rotary_dim = 0;
-  bool fp8 = false;
+  bool fp8 = false;        // q is float8_e4m3fn (and so is the cache)
+  bool fp8_cache = false;  // k_cache / v_cache are float8_e4m3fn, q fp8 or 16-bit (contract 5.8)
   DType dtype = DType::bf16;
 };
 
@@ -54,8 +55,9 @@ Shapes read_shapes(const KvCacheArgs& a) {
   s.has_new = a.k.has_value();
   s.new_packed = s.has_new && a.cu_seqlens_k_new.has_value();
   s.rotary_dim = a.rotary_cos ? static_cast<int>(2 * a.rotary_cos->shape[1]) : 0;
-  s.dtype = a.q ? a.q->dtype : v_cache.dtype;
+  s.dtype = query.dtype;
   s.fp8 = s.dtype == DType::e4m3;
+  s.fp8_cache = v_cache.dtype == DType::e4m3;
   return s;
 }
 
@@ -133,6 +135,25 @@ bool rotate_queries_per_row(const KvCacheArgs& a, const Shapes& s) {
   return left >= 0 || right >= 0 || a.attention_chunk > 0;
 }
 
+// A descale of batch element b (contract 5.8): 1 when absent.
+double descale(const OptTensor& t, int b, int head_k) {
+  if (!t) return 1.0;
+  return element_value(*t, offset_of(*t, {b, head_k}));
+}
+
+// A new element in the query's 16-bit type, as it goes into an fp8 cache (contract 5.8):
+// x / descale in fp32, then e4m3 rounded to nearest even, saturating at +-448; NaN stays NaN.
+// Returns the bits and, for a rotated element, turns `exact` and `cancellation` into the stored
+// value's.
+uint32_t quantise(float x, double descale_value, AppendedElement& e) {
+  const auto d = static_cast<float>(descale_value);
+  if (e.rotated) {
+    e.exact = std::clamp(e.exact / d, -448.0, 448.0);
+    e.cancellation /= std::fabs(d);
+  }
+  return float_to_e4m3_saturating(x / d);
+}
+
 // Appends the sequence's new rows (spec 5.2) and returns them as values, (t, h_k, d|d_v).
 void append_new_rows(const KvCacheArgs& a, const Shapes& s, const Sequence& q, int b,
                      bool value_side, std::vector<double>& rows, OracleResult& result) {
@@ -140,6 +161,7 @@ void append_new_rows(const KvCacheArgs& a, const Shapes& s, const Sequence& q, i
   const TensorView& cache = value_side ? *a.v_cache : *a.k_cache;
   const int dim = static_cast<int>(source.size(-1));
   const int rotary_dim = value_side ? 0 : s.rotary_dim;  // V is never rotated
+  const bool quantised = source.dtype != cache.dtype;   // 16-bit rows into an fp8 cache
   rows.assign(static_cast<size_t>(q.seqlen_new) * s.num_heads_k * dim, 0.0);
   std::vector<float> x(dim);
   std::vector<double> exact(dim), cancellation(dim);
@@ -157,10 +179,15 @@ void append_new_rows(const KvCacheArgs& a, const Shapes& s, const Sequence& q, i
         e.in_v_cache = value_side;
         e.offset = target + c * cache.stride(-1);
         e.rotated = c < rotary_dim;
-        e.bits = e.rotated ? round_to_storage(cache.dtype, x[c])
-                           : element_bits(source, row + c * source.stride(-1));
-        e.exact = e.rotated ? exact[c] : bits_value(cache.dtype, e.bits);
+        e.exact = e.rotated ? exact[c] : 0.0;
         e.cancellation = e.rotated ? cancellation[c] : 0.0;
+        if (quantised) {
+          e.bits = quantise(x[c], descale(value_side ? a.v_descale : a.k_descale, b, hk), e);
+        } else {
+          e.bits = e.rotated ? round_to_storage(cache.dtype, x[c])
+                             : element_bits(source, row + c * source.stride(-1));
+        }
+        if (!e.rotated) e.exact = bits_value(cache.dtype, e.bits);
         rows[(static_cast<size_t>(t) * s.num_heads_k + hk) * dim + c] = bits_value(cache.dtype, e.bits);
         result.appended.push_back(e);
       }
@@ -240,11 +267,6 @@ double dot(const double* x, const double* y, int n) {
 
 double norm(const double* x, int n) { return std::sqrt(dot(x, x, n)); }
 
-double descale(const OptTensor& t, int b, int head_k) {
-  if (!t) return 1.0;
-  return element_value(*t, offset_of(*t, {b, head_k}));
-}
-
 double softmax_scale(const KvCacheArgs& a, const Shapes& s) {
   if (a.softmax_scale) return *a.softmax_scale;
   return 1.0 / std::sqrt(static_cast<double>(s.headdim + (a.qv ? s.headdim_v : 0)));
@@ -264,8 +286,10 @@ void attend(const KvCacheArgs& a, const Shapes& s, const Sequence& q, int b,
   std::vector<uint8_t> visible(static_cast<size_t>(q.seqlen_k));
   for (int h = 0; h < s.num_heads; ++h) {
     const int hk = h / group;
-    const double score_descale = s.fp8 ? descale(a.q_descale, b, hk) * descale(a.k_descale, b, hk) : 1.0;
-    const double value_descale = s.fp8 ? descale(a.v_descale, b, hk) : 1.0;
+    // Each descale undoes the scale of the fp8 tensor it is named for (contract 5.8), no other.
+    const double score_descale = (s.fp8 ? descale(a.q_descale, b, hk) : 1.0) *
+                                 (s.fp8_cache ? descale(a.k_descale, b, hk) : 1.0);
+    const double value_descale = s.fp8_cache ? descale(a.v_descale, b, hk) : 1.0;
     const bool has_sink = a.sinks.has_value();
     const double sink = has_sink ? element_value(*a.sinks, h * a.sinks->stride(0)) : 0.0;
     for (int i = 0; i < q.seqlen_q; ++i) {
@@ -280,9 +304,9 @@ void attend(const KvCacheArgs& a, const Shapes& s, const Sequence& q, int b,
         const double* kj = use_q ? &keys[(static_cast<size_t>(j) * s.num_heads_k + hk) * d] : nullptr;
         const double* vj = &values[(static_cast<size_t>(j) * s.num_heads_k + hk) * dv];
         double raw = 0.0;
-        if (use_q) raw += dot(qi, kj, d);
-        if (use_qv) raw += dot(qvi, vj, dv);
-        double score = raw * score_descale * scale;
+        if (use_q) raw += dot(qi, kj, d) * score_descale;
+        if (use_qv) raw += dot(qvi, vj, dv) * value_descale;
+        double score = raw * scale;
         if (a.softcap > 0.0f) score = a.softcap * std::tanh(score / a.softcap);
         scores[j] = score;
         row_max = std::max(row_max, score);
@@ -295,8 +319,9 @@ void attend(const KvCacheArgs& a, const Shapes& s, const Sequence& q, int b,
       double* out = &result.out[row * dv];
       result.empty_row[row] = !any;
       result.value_scale[row] = value_max * std::fabs(value_descale);
-      result.score_scale[row] = std::fabs(scale * score_descale) *
-          ((use_q ? norm(qi, d) * key_norm : 0.0) + (use_qv ? norm(qvi, dv) * value_norm : 0.0));
+      result.score_scale[row] = std::fabs(scale) *
+          ((use_q ? norm(qi, d) * key_norm * std::fabs(score_descale) : 0.0) +
+           (use_qv ? norm(qvi, dv) * value_norm * std::fabs(value_descale) : 0.0));
       // The sink is one more logit with a zero value: it enlarges the denominator only.
       if (has_sink) row_max = std::max(row_max, sink);
       if (!any && !has_sink) {

@@ -45,7 +45,8 @@ enum class CacheLayout { contiguous, padded, heads_outer };
 enum class SeqlensMode { none, scalar, tensor };
 
 struct Config {
-  DType dtype = DType::bf16;
+  DType dtype = DType::bf16;        // q, qv, new k / v, rotary tables
+  DType cache_dtype = DType::bf16;  // k_cache / v_cache: dtype, or e4m3 under a 16-bit q
   int heads = 1, heads_k = 1, headdim = 64, headdim_v = 64;
   bool qv = false, only_qv = false, q_absent = false, k_cache_absent = false;
   int batch = 1;
@@ -71,6 +72,7 @@ struct Config {
   int pack_gqa = -1;
   std::optional<float> scale;
   bool q_descale = false, k_descale = false, v_descale = false, strided_descale = false;
+  bool small_descales = false;  // fp8 cache under a 16-bit q: new rows saturate at +-448
   double magnitude = 1.0;
   bool checked = false;
   const char* size_class = "small";
@@ -92,12 +94,15 @@ void draw_dims(Rng& rng, Config& c, const CaseLimits& limits) {
     return;
   }
   const double r = rng.real();
-  const bool sixteen_bit = c.dtype == DType::f16 || c.dtype == DType::bf16;
-  // MLA-style qv (d <= 64, d_v >= 256): fp16/bf16 upstream, and fp32 on kvflash's CPU backend.
-  if ((sixteen_bit || c.dtype == DType::f32) && r < 0.1) {
+  // An fp8 cache takes fp8's head dims (multiples of 16, at most 256), also under a 16-bit query.
+  const bool sixteen_bit = c.cache_dtype == DType::f16 || c.cache_dtype == DType::bf16;
+  const bool fp8_cache_16_bit_q = c.cache_dtype != c.dtype;
+  // MLA-style qv (d <= 64, d_v >= 256): fp16/bf16 upstream, and fp32 on kvflash's CPU backend;
+  // over an fp8 cache (16-bit qv) d_v is 256.
+  if ((sixteen_bit || c.dtype == DType::f32 || fp8_cache_16_bit_q) && r < 0.1) {
     c.qv = true;
-    c.headdim = 8 * rng.uniform(4, 8);
-    c.headdim_v = rng.pick({256, 512});
+    c.headdim = fp8_cache_16_bit_q ? 16 * rng.uniform(2, 4) : 8 * rng.uniform(4, 8);
+    c.headdim_v = fp8_cache_16_bit_q ? 256 : rng.pick({256, 512});
     c.only_qv = rng.chance(0.4);
     c.q_absent = c.only_qv && rng.chance(0.5);
     c.k_cache_absent = c.only_qv && rng.chance(0.5);
@@ -106,7 +111,7 @@ void draw_dims(Rng& rng, Config& c, const CaseLimits& limits) {
     c.headdim = mla ? 64 : 192;
     c.headdim_v = mla ? 512 : 128;
   } else {
-    const int step = c.dtype == DType::e4m3 ? 16 : 8;
+    const int step = c.cache_dtype == DType::e4m3 ? 16 : 8;
     c.headdim = c.headdim_v = step * rng.uniform(32 / step, 256 / step);
   }
 }
@@ -270,6 +275,12 @@ void draw_attention(Rng& rng, Config& c) {
     c.k_descale = rng.chance(0.7);
     c.v_descale = rng.chance(0.7);
     c.strided_descale = rng.chance(0.3);
+  } else if (c.cache_dtype == DType::e4m3) {
+    // A 16-bit query over an fp8 cache: k / v descales only (a q_descale is refused).
+    c.k_descale = rng.chance(0.8);
+    c.v_descale = rng.chance(0.8);
+    c.strided_descale = rng.chance(0.3);
+    c.small_descales = c.append && rng.chance(0.25);
   } else {
     const double m = rng.real();
     c.magnitude = m < 0.8 ? 1.0 : m < 0.95 ? 4.0 : 16.0;
@@ -279,10 +290,19 @@ void draw_attention(Rng& rng, Config& c) {
   c.checked = rng.chance(0.2);
 }
 
-Config draw_config(Rng& rng, const CaseLimits& limits) {
+// About one case in five with a 16-bit query gets an fp8 e4m3 cache instead (contract 5.8). Drawn
+// from a stream of its own, so every other case is the one its seed gave before that form existed.
+bool draw_fp8_cache(uint64_t seed, DType dtype, const CaseLimits& limits) {
+  const bool sixteen_bit = dtype == DType::f16 || dtype == DType::bf16;
+  Rng own(seed ^ 0x5eed0f8ca5e5ull);
+  return sixteen_bit && limits.headdims.empty() && own.chance(0.2);
+}
+
+Config draw_config(Rng& rng, uint64_t seed, const CaseLimits& limits) {
   Config c;
   const double r = rng.real();
   c.dtype = r < 0.15 ? DType::f32 : r < 0.4 ? DType::f16 : r < 0.8 ? DType::bf16 : DType::e4m3;
+  c.cache_dtype = draw_fp8_cache(seed, c.dtype, limits) ? DType::e4m3 : c.dtype;
   const int heads_choice = limits.awkward ? 3 : rng.uniform(0, 4);
   const int heads[][2] = {{1, 1}, {8, 1}, {32, 8}, {63, 7}, {4, 2}};
   c.heads = heads[heads_choice][0];
@@ -363,10 +383,10 @@ TensorView make_cache(Case& k, const Config& c, int64_t first_dim, int slots, in
   } else {
     strides = padded_strides(shape, c.layout == CacheLayout::padded);
   }
-  TensorView t = k.allocate(c.dtype, shape, strides, false);
+  TensorView t = k.allocate(c.cache_dtype, shape, strides, false);
   const int64_t elements = (first_dim - 1) * strides[0] + (slots - 1) * strides[1] +
                            (c.heads_k - 1) * strides[2] + (dim - 1) * strides[3] + 1;
-  for (int64_t e = 0; e < elements; ++e) store_bits(t, e, nan_bits(c.dtype));
+  for (int64_t e = 0; e < elements; ++e) store_bits(t, e, nan_bits(c.cache_dtype));
   return t;
 }
 
@@ -455,7 +475,11 @@ TensorView descale_tensor(Rng& rng, Case& k, const Config& c) {
   std::vector<int64_t> strides = c.strided_descale ? std::vector<int64_t>{1, c.batch}
                                                    : std::vector<int64_t>{c.heads_k, 1};
   TensorView t = k.allocate(DType::f32, {c.batch, c.heads_k}, strides, true);
-  for (int i = 0; i < c.batch * c.heads_k; ++i) t.ptr<float>()[i] = static_cast<float>(rng.real(0.25, 2.0));
+  // Small descales put new rows of magnitude <= 1 up to 640 / 448 past fp8's range.
+  const double lo = c.small_descales ? 1.0 / 640 : 0.25, hi = c.small_descales ? 1.0 / 64 : 2.0;
+  for (int i = 0; i < c.batch * c.heads_k; ++i) {
+    t.ptr<float>()[i] = static_cast<float>(rng.real(lo, hi));
+  }
   return t;
 }
 
@@ -558,6 +582,14 @@ std::vector<std::string> feature_tags(const Config& c) {
   add(c.dtype == DType::e4m3 && (c.q_descale || c.k_descale || c.v_descale), "fp8_descales");
   add(c.dtype != DType::e4m3 && c.q_descale, "descales_ignored");
   add(c.dtype == DType::e4m3 && c.rotary_dim > 0, "fp8_rotary");
+  const bool fp8_kv = c.dtype != DType::e4m3 && c.cache_dtype == DType::e4m3;
+  add(fp8_kv, std::string("fp8_kv_cache_q_") + dtype_tag(c.dtype));
+  add(fp8_kv && (c.k_descale || c.v_descale), "fp8_kv_descales");
+  add(fp8_kv && c.append, "fp8_kv_append");
+  add(fp8_kv && c.qv, "fp8_kv_qv");
+  add(fp8_kv && c.q_absent, "fp8_kv_q_absent");
+  add(fp8_kv && c.rotary_dim > 0, "fp8_kv_rotary");
+  add(fp8_kv && c.small_descales && (c.k_descale || c.v_descale), "fp8_kv_saturating");
   t.push_back("num_splits=" + std::string(c.num_splits == 0 ? "0" : c.num_splits == 1 ? "1" : c.num_splits == 3 ? "3" : "many"));
   add(c.pack_gqa >= 0, "pack_gqa_forced");
   add(c.batch >= 16, "batch>=16");
@@ -585,7 +617,8 @@ std::vector<std::string> feature_tags(const Config& c) {
 
 std::string summarize(const Config& c) {
   std::ostringstream os;
-  os << dtype_tag(c.dtype) << " b=" << c.batch << " h=" << c.heads << "/" << c.heads_k
+  os << dtype_tag(c.dtype) << (c.cache_dtype != c.dtype ? "/e4m3-cache" : "");
+  os << " b=" << c.batch << " h=" << c.heads << "/" << c.heads_k
      << " d=" << c.headdim << "/" << c.headdim_v << (c.qv ? (c.only_qv ? " only_qv" : " qv") : "")
      << (c.q_absent ? " q=None" : "") << (c.k_cache_absent ? " k_cache=None" : "")
      << (c.varlen_q ? " varlen" : " dense") << " s_q=" << c.seqlen_q << " cap=" << c.capacity;
@@ -612,7 +645,7 @@ std::string summarize(const Config& c) {
 
 Case make_random_case(uint64_t seed, const CaseLimits& limits) {
   Rng rng(seed);
-  const Config config = draw_config(rng, limits);
+  const Config config = draw_config(rng, seed, limits);
   Case k;
   k.seed = seed;
   build_buffers(rng, k, config);
@@ -624,7 +657,7 @@ Case make_random_case(uint64_t seed, const CaseLimits& limits) {
 
 std::vector<std::string> random_case_features(uint64_t seed, const CaseLimits& limits) {
   Rng rng(seed);
-  return feature_tags(draw_config(rng, limits));  // the buffers are drawn after the config
+  return feature_tags(draw_config(rng, seed, limits));  // the buffers are drawn after the config
 }
 
 std::string describe(const Case& c) {

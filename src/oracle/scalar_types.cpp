@@ -86,6 +86,11 @@ uint8_t float_to_e4m3(float x) {
   return sign | static_cast<uint8_t>(((exponent + 7) << 3) | (significand - 8));
 }
 
+uint8_t float_to_e4m3_saturating(float x) {
+  if (std::isnan(x)) return float_to_e4m3(x);
+  return float_to_e4m3(std::clamp(x, -448.0f, 448.0f));  // 448: e4m3fn's largest finite value
+}
+
 uint16_t float_to_bf16(float x) {
   uint32_t bits;
   std::memcpy(&bits, &x, sizeof bits);

@@ -19,6 +19,9 @@ double e4m3_to_double(uint8_t bits);
 uint16_t float_to_f16(float x);
 uint16_t float_to_bf16(float x);
 uint8_t float_to_e4m3(float x);  // OCP e4m3fn; beyond 464 (no infinity) gives NaN
+// The contract's quantisation into an fp8 cache (contract 5.8): as float_to_e4m3, but magnitudes
+// beyond 448 (infinities included) give +-448; NaN stays NaN.
+uint8_t float_to_e4m3_saturating(float x);
 
 // Bytes per element (the oracle's own table; it links nothing from the library).
 size_t storage_bytes(DType dtype);

@@ -326,6 +326,29 @@ TEST(CudaParams, SplitPartialsAndCombine) {
   }
 }
 
+// fp8 runs on the CPU backend only so far: the CUDA backend refuses an fp8 call, and a 16-bit
+// query over an fp8 cache, before anything is launched (the CPU takes both: contract 5.8).
+TEST(CudaParams, Fp8CallsAreRefusedByName) {
+  const auto refusal = [](DType q_dtype) {
+    DecodeCall call(2);
+    call.args.k_cache->dtype = call.args.v_cache->dtype = DType::e4m3;
+    for (OptTensor* t : {&call.args.q, &call.args.k, &call.args.v}) (*t)->dtype = q_dtype;
+    if (q_dtype == DType::e4m3) call.outputs.out.dtype = DType::bf16;
+    try {
+      cuda::check_supported(call.problem(), call.outputs);
+      return std::string("no error");
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::unsupported);
+      return e.argument() + ": " + e.what();
+    }
+  };
+  EXPECT_EQ(refusal(DType::bf16),
+            "k_cache: a 16-bit query over an fp8 (e4m3) KV cache is not supported on CUDA yet");
+  EXPECT_EQ(refusal(DType::f16),
+            "k_cache: a 16-bit query over an fp8 (e4m3) KV cache is not supported on CUDA yet");
+  EXPECT_EQ(refusal(DType::e4m3), "q: fp8 (e4m3) inputs are not supported on CUDA yet");
+}
+
 void expect_refused(const cuda::CallParams& call, const Plan& plan, const std::string& argument,
                     const std::string& part) {
   try {

@@ -221,12 +221,41 @@ TEST(Differential, GeneratorCoversEveryFeature) {
       "rotary_neox", "rotary_partial", "rotary_seqlens", "causal", "window", "window_normalised_away", "window_normalised_away_rotary", "attention_chunk",
       "softcap", "sinks_f32", "sinks_bf16", "heads=1/1", "heads=8/1", "heads=32/8", "heads=63/7",
       "headdim=64/512", "headdim=192/128", "qv", "only_qv", "q_absent", "k_cache_absent",
-      "fp8_descales", "descales_ignored", "fp8_rotary", "num_splits=0", "num_splits=1", "num_splits=3", "num_splits=many",
+      "fp8_descales", "descales_ignored", "fp8_rotary", "fp8_kv_cache_q_bf16", "fp8_kv_cache_q_f16",
+      "fp8_kv_descales", "fp8_kv_append", "fp8_kv_rotary", "fp8_kv_saturating", "fp8_kv_qv", "fp8_kv_q_absent", "num_splits=0", "num_splits=1", "num_splits=3", "num_splits=many",
       "batch>=16", "context>=1000", "seqlen_q>=100", "empty_q_sequence", "empty_k_sequence", "all_keys_empty", "size=large",
       "shared_pages", "cache_strided_padded", "cache_heads_outer", "inputs_strided", "checked_mode"};
   for (const char* tag : required) {
     EXPECT_GT(coverage.counts[tag], 0) << "no random case exercises " << tag;
   }
+}
+
+bool has_fp8_cache_under_16_bit_q(const std::vector<std::string>& features) {
+  for (const std::string& tag : features) {
+    if (tag.rfind("fp8_kv_cache_q_", 0) == 0) return true;
+  }
+  return false;
+}
+
+// The 16-bit query over an fp8 cache (contract 5.8) on its own, more of them than the mixed run
+// above holds: the first `count` such seeds from `first_seed` under `limits`.
+int failed_fp8_cache_cases(uint64_t first_seed, int count, const CaseLimits& limits) {
+  int failed = 0, ran = 0;
+  for (uint64_t seed = first_seed; ran < count; ++seed) {
+    if (!has_fp8_cache_under_16_bit_q(random_case_features(seed, limits))) continue;
+    ++ran;
+    const std::string failure = check_case(make_random_case(seed, limits));
+    if (!failure.empty() && ++failed <= 5) ADD_FAILURE() << failure;
+  }
+  return failed;
+}
+
+TEST(Differential, Fp8CacheUnder16BitQueryMatchesOracle) {
+  EXPECT_EQ(failed_fp8_cache_cases(5000000, 200, CaseLimits{}), 0);
+  CaseLimits awkward;  // batch 17, 63/7 heads, pages of 1 or 3, varlen with empty sequences
+  awkward.awkward = true;
+  awkward.large_fraction = 0.0;
+  EXPECT_EQ(failed_fp8_cache_cases(6000000, 25, awkward), 0) << "[KVFLASH_DIFF_AWKWARD=1]";
 }
 
 std::vector<unsigned char> cache_bytes(const Case& c) {

@@ -71,6 +71,9 @@ const CallDims kVarlen{.varlen_q = true};
 const CallDims kQv{.headdim_v = 256, .qv = true};
 const CallDims kRotary{.seqlen_new = 2, .rotary = true};
 const CallDims kFp8{.dtype = DType::e4m3};
+const CallDims kBf16{.dtype = DType::bf16};
+// A 16-bit call's caches turned fp8 e4m3 (the views' strides stay valid: fewer bytes per element).
+void to_fp8_cache(Call& c) { c.args.k_cache->dtype = c.args.v_cache->dtype = DType::e4m3; }
 const ErrorKind kValue = ErrorKind::invalid_value;
 const ErrorKind kType = ErrorKind::invalid_type;
 
@@ -103,6 +106,53 @@ const std::vector<Breakage> kMetadataBreakages = {
      "query and key must have the same dtype (expected float32, got float16)"},
     {"v_cache_dtype", {}, [](Call& c) { c.args.v_cache->dtype = DType::bf16; }, kType,
      "query and value must have the same dtype"},
+    // a 16-bit query over an fp8 cache (contract 5.8): the one mix accepted; the rest refused
+    {"fp8_k_cache_bf16_v_cache", kBf16, [](Call& c) { c.args.k_cache->dtype = DType::e4m3; }, kType,
+     "a bfloat16 q over an fp8 KV cache needs k_cache and v_cache both float8_e4m3fn (expected "
+     "float8_e4m3fn, got bfloat16)"},
+    {"fp8_cache_float32_q", {}, to_fp8_cache, kType,
+     "query and key must have the same dtype (expected float32, got float8_e4m3fn)"},
+    {"fp8_q_bf16_cache", kFp8,
+     [](Call& c) { c.args.k_cache->dtype = c.args.v_cache->dtype = DType::bf16; }, kType,
+     "query and key must have the same dtype (expected float8_e4m3fn, got bfloat16)"},
+    {"qv_fp8_over_fp8_cache", {.headdim_v = 256, .dtype = DType::bf16, .qv = true},
+     [](Call& c) {
+       to_fp8_cache(c);
+       c.args.qv->dtype = DType::e4m3;
+     },
+     kType, "q_v is only supported for fp16 and bf16 data type (and float32 on the CPU; got "
+     "float8_e4m3fn)"},
+    {"q_descale_over_fp8_cache", kBf16,
+     [](Call& c) {
+       to_fp8_cache(c);
+       c.args.q_descale = c.tensor(DType::f32, {2, 2});
+     },
+     kValue,
+     "q_descale is only for a float8_e4m3fn query (q is bfloat16; k_descale / v_descale "
+     "dequantise the fp8 KV cache)"},
+    {"v_descale_shape_fp8_cache", {.dtype = DType::f16},
+     [](Call& c) {
+       to_fp8_cache(c);
+       c.args.v_descale = c.tensor(DType::f32, {2});
+     },
+     kValue, "v_descale must have shape (batch_size, num_heads_k) (expected (2, 2), got (2,))"},
+    {"k_descale_dtype_fp8_cache", kBf16,
+     [](Call& c) {
+       to_fp8_cache(c);
+       c.args.k_descale = c.tensor(DType::bf16, {2, 2});
+     },
+     kType, "k_descale must have dtype float32"},
+    {"headdim_multiple_fp8_cache", {.headdim = 72, .headdim_v = 72, .dtype = DType::bf16},
+     to_fp8_cache, kValue, "head_size should be a multiple of 16 (got 72)"},
+    {"headdim_v_512_fp8_cache", {.headdim_v = 512, .dtype = DType::bf16}, to_fp8_cache, kType,
+     "HeaddimV > 256 requires fp16 and bf16 data type (headdim_v is 512, v_cache is "
+     "float8_e4m3fn)"},
+    {"new_k_fp8_into_fp8_cache", {.dtype = DType::bf16, .seqlen_new = 2},
+     [](Call& c) {
+       to_fp8_cache(c);
+       c.args.k->dtype = DType::e4m3;
+     },
+     kType, "k_new must have the same dtype as query (expected bfloat16, got float8_e4m3fn)"},
     {"unknown_device", {}, [](Call& c) { c.args.q->device = Device{DeviceType(7), 0}; }, kType,
      "q must be on a CPU or CUDA device"},
     {"mixed_devices", {}, [](Call& c) { c.args.cache_seqlens->device = kCuda; }, kType,

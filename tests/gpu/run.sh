@@ -49,8 +49,10 @@ fi
  done) >"$OUT/resources.txt" 2>&1
 
 step random random.log "$RUNNER" random "$CASES" 1
-# The Hopper prefill family (sm_90 only): random prefill-shaped calls it takes, then its rungs timed.
-step sm90 sm90.log env KVFLASH_SM90=1 KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random "${SM90_CASES:-1000}" 1 sm90
+# The Hopper prefill family (sm_90 only): random prefill-shaped calls it takes, then its rungs timed;
+# the same prefill shapes on the portable kernels (KVFLASH_SM90=0), which sm_90 no longer picks.
+step sm90 sm90.log env KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random "${SM90_CASES:-1000}" 1 sm90
+step sm80prefill sm80prefill.log env KVFLASH_SM90=0 "$RUNNER" random "${SM80_PREFILL_CASES:-300}" 20001 prefill
 step sm90bench sm90bench.log "$RUNNER" sm90bench
 step graph graph.log "$RUNNER" graph
 step combine combine.log "$RUNNER" combine
@@ -62,7 +64,7 @@ sanitize() {  # sanitize TOOL CASES FIRST_SEED
   local t="timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool $1 --error-exitcode 9"
   $t "$RUNNER" random "$2" "$3" && $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 100 ))" split &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 200 ))" prefill &&
-    KVFLASH_SM90=1 $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 300 ))" sm90 && $t "$RUNNER" graph
+    $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 300 ))" sm90 && $t "$RUNNER" sm90bench small && $t "$RUNNER" graph
 }
 step memcheck memcheck.log sanitize memcheck "$MEMCHECK_CASES" 5001
 step racecheck racecheck.log sanitize racecheck "$RACECHECK_CASES" 7001
@@ -71,12 +73,14 @@ step synccheck synccheck.log sanitize synccheck "$SYNCCHECK_CASES" 9001
 step memcheck_badinput memcheck_badinput.log \
   timeout "${SANITIZER_TIMEOUT:-150}" compute-sanitizer --tool memcheck --error-exitcode 9 "$RUNNER" badinput
 step bench bench.log "$RUNNER" bench
-# The floors by the program users run: paged decode (page 16, 32/8 heads, d 128), dense prefill,
+# The floors by the program users run: paged decode (page 16, 32/8 heads, d 128; --eager: the host
+# work per eager call, issue 14, paged and dense), dense prefill,
 # and batched prefill (32 prompts of 512, causal, page 16: the sm80 family with a split bound > 1
 # but one split per sequence, where a combine over every row costs what one long sequence hides;
 # issue 13: 548 us at 90df2b1, 992 us at 02d27d1).
 floors() {
-  "$BUILD/kvflash" bench --device cuda --batch 1,64 --context 8192 --prefill none --dtype bf16 &&
+  "$BUILD/kvflash" bench --device cuda --batch 1,64 --context 8192 --prefill none --dtype bf16 --eager &&
+    "$BUILD/kvflash" bench --device cuda --batch 1 --context 8192 --prefill none --dtype bf16 --eager --page-size 0 &&
     "$BUILD/kvflash" bench --device cuda --batch 1 --context 1024 --prefill 16384 --dtype bf16 --non-causal \
       --heads 16 --kv-heads 16 --page-size 0 &&
     "$BUILD/kvflash" bench --device cuda --context none --prefill 512 --prefill-batch 32 --dtype bf16 \
@@ -87,9 +91,10 @@ step floors floors.log floors
 echo
 echo "=== summary ($(head -1 "$OUT/resources.txt")) ==="
 printf '%-10s %s\n' step result
-for s in build random sm90 sm90bench graph combine badinput bitwise memcheck racecheck initcheck synccheck memcheck_badinput bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
+for s in build random sm90 sm80prefill sm90bench graph combine badinput bitwise memcheck racecheck initcheck synccheck memcheck_badinput bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
 grep -h "^random:" "$OUT/random.log" || true
 grep -h "^random sm90" "$OUT/sm90.log" || true
+grep -h "^random prefill" "$OUT/sm80prefill.log" || true
 grep -h "^sm90bench\|^b[0-9]" "$OUT/sm90bench.log" || true
 grep -h "^random " "$OUT/memcheck.log" "$OUT/racecheck.log" "$OUT/initcheck.log" "$OUT/synccheck.log" || true
 grep -h "^badinput:" "$OUT/badinput.log" "$OUT/memcheck_badinput.log" || true

@@ -249,3 +249,13 @@ def test_cuda_graph_mode_refills_fixed_buffers_in_place(batch_inputs, seen_metad
     with backend.batch(graph="bs3"):
         decode(q, layers[1], seqlens)
     assert backend.graph_buffers("bs3")[0] is buffer
+
+
+def test_a_plan_names_the_kernels_that_run_it(batch_inputs):
+    q, layers, seqlens = batch_inputs
+    plan = fai._ext.make_plan(_call.make(q=q, k_cache=layers[0][0], v_cache=layers[0][1],
+                                         cache_seqlens=seqlens, causal=True))
+    # numpy inputs run on the CPU backend: no GPU kernel family, no instantiation.
+    assert (plan.kernel.family, plan.kernel.shape) == ("cpu", "none")
+    assert (plan.kernel.headdim, plan.kernel.headdim_v) == (0, 0)
+    assert "cpu" in repr(plan.kernel)

@@ -313,6 +313,7 @@ int rows_per_cta(const Plan& plan) {
 
 void check_supported(const core::Problem& p, const Outputs& outputs) {
   if (p.fp8) unsupported("q", "fp8 (e4m3) inputs are");
+  if (p.fp8_cache) unsupported("k_cache", "a 16-bit query over an fp8 (e4m3) KV cache is");
   if (p.has_qv || p.only_qv) unsupported("qv", "qv / only_qv is");
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) {
     unsupported("q", std::string("dtype ") + dtype_name(p.dtype) + " is");
