@@ -97,9 +97,9 @@ TEST(CpuIsa, Bf16ScoresMatchTheOracle) {
   int checked = 0, differing = 0;
   for (uint64_t seed = 1; checked < 150; ++seed) {
     oracle::Case c = oracle::make_random_case(seed, decode);
-    const bool bf16 = c.args.q && c.args.q->dtype == DType::bf16 && c.args.k_cache &&
-                      c.args.k_cache->dtype == DType::bf16;
-    if (!bf16 || group_of(c) < 1 || group_of(c) > 2) continue;
+    const bool bf16_inputs = c.args.q && c.args.q->dtype == DType::bf16 && c.args.k_cache &&
+                             c.args.k_cache->dtype == DType::bf16;
+    if (!bf16_inputs || group_of(c) < 1 || group_of(c) > 2) continue;
     const oracle::OracleResult ref = oracle::run_oracle(c.args);
     oracle::CaseOutputs fma, bf16;
     bool ran = false;
