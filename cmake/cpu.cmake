@@ -3,9 +3,10 @@
 # Portable by default: the library is compiled for the x86-64-v2 baseline, and attention.cpp (the
 # only file with SIMD kernels) once more per level - avx2 (AVX2+FMA+F16C), avx512 (F/DQ/BW/VL)
 # and, where the compiler has the intrinsics, avx512_bf16 (+ AVX512_BF16) - each copy in its own
-# namespace; src/cpu/isa.cpp picks one at run time from the CPU's features
-# (KVFLASH_CPU_ISA=baseline|avx2|avx512|avx512_bf16 forces one). On other architectures only the
-# baseline copy is built, with the compiler's default flags (NEON on aarch64).
+# namespace; src/cpu/isa.cpp picks one at run time from the CPU's features, avx512_bf16 only
+# when asked for (KVFLASH_CPU_ISA=baseline|avx2|avx512|avx512_bf16 forces one). On other
+# architectures only the baseline copy is built, with the compiler's default flags (NEON on
+# aarch64).
 #
 #   KVFLASH_NATIVE=ON   compile everything with -march=native instead (this machine only).
 
