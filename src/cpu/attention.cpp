@@ -35,7 +35,9 @@ struct Context {
   std::vector<core::SeqInfo> seqs;
   Rotary rotary;
   bool use_k;           // scores include q.k
+  bool bf16_keys;       // use_k, bf16 q and keys, and this level has dot_rows_bf16 (kBf16Scores)
   int dim, dim_v;       // padded to kLanes
+  int dim_bf16;         // padded to kBf16Columns
   int heads_k_per_task = 1;
   int positions_per_task = 1;
 
@@ -45,11 +47,19 @@ struct Context {
     seqs.resize(size_t(p.batch));
     for (int b = 0; b < p.batch; ++b) seqs[size_t(b)] = core::seq_info(p, b);
     use_k = p.has_q && p.has_k && !p.only_qv;
+    bf16_keys = kBf16Scores && use_k && p.args.q->dtype == DType::bf16 && p.args.k_cache->dtype == DType::bf16;
     dim = round_up_lanes(std::max(p.headdim, 1));
     dim_v = round_up_lanes(p.headdim_v);
+    dim_bf16 = (std::max(p.headdim, 1) + kBf16Columns - 1) / kBf16Columns * kBf16Columns;
     choose_task_shape(num_threads);
   }
   int splits_of(int b) const { return cpu::splits_of(plan, b); }
+  // Whether batch element b's scores come from dot_rows_bf16: where at most kBf16ScoresMaxRows
+  // query rows share each key. Decided per sequence, from the call's shape only, so that a row's
+  // bits depend neither on the thread count nor on the other sequences of the batch.
+  bool bf16_scores(int b) const {
+    return bf16_keys && int64_t(p.group) * seqs[size_t(b)].seqlen_q <= kBf16ScoresMaxRows;
+  }
   int heads_per_task() const { return heads_k_per_task * p.group; }
   int rows_per_task() const { return positions_per_task * heads_per_task(); }
 
@@ -85,14 +95,22 @@ struct Task {
 
 // Per-thread buffers, sized once per call. k / v: the cache rows of the current key block and
 // k_next / v_next those of the next one (to prefetch), [head][key], null past the block's end.
+// q_bf16 / q_scale: the unscaled query rows and their scales, when the current task's
+// bf16_scores is set.
 struct Scratch {
-  std::vector<float> q, qv, s, acc, m, l;
+  std::vector<float> q, qv, s, acc, m, l, q_scale;
+  std::vector<uint16_t> q_bf16;
+  bool bf16_scores = false;
   std::vector<const void*> k, v, k_next, v_next;
   std::vector<core::KeyRange> range;
   explicit Scratch(const Context& c) {
     const size_t rows = size_t(c.rows_per_task());
     const size_t keys = size_t(kKeyBlock) * size_t(c.heads_k_per_task);
     q.assign(rows * size_t(c.dim), 0.0f);
+    if (c.bf16_keys) {
+      q_bf16.assign(rows * size_t(c.dim_bf16), 0);
+      q_scale.assign(rows, 0.0f);
+    }
     if (c.p.has_qv) qv.assign(rows * size_t(c.dim_v), 0.0f);
     for (auto* rows_of : {&k, &v, &k_next, &v_next}) rows_of->assign(keys, nullptr);
     s.assign(rows * kKeyBlock, 0.0f);
@@ -152,6 +170,10 @@ void load_queries(const Context& c, const Task& t, int positions, Scratch& w) {
         // Rotated in fp32 and rounded to q's type, as if q had been rotated in memory.
         c.rotary.rotate(q, seq.rotary_start + (p.rotate_q_per_row ? i : 0));
         round_row(p.args.q->dtype, q, p.rotary_dim);
+      }
+      if (w.bf16_scores) {
+        store_row(DType::bf16, q, p.headdim, &w.q_bf16[size_t(row) * size_t(c.dim_bf16)]);  // exact
+        w.q_scale[size_t(row)] = scale.q;
       }
       for (int x = 0; x < p.headdim; ++x) q[x] *= scale.q;
     }
@@ -248,7 +270,15 @@ void process_rows(const Context& c, int r0, int r1, int head_k, int a, int b, in
       acc[x] = &w.acc[size_t(r + x) * size_t(c.dim_v)];
     }
     const bool first_tile = r == r0;
-    if (c.use_k) dispatch_tile<DotTile>(rows, k_dtype, q, keys, first_tile ? during_scores : Ahead{}, n, p.headdim, s);
+    const Ahead scores_ahead = first_tile ? during_scores : Ahead{};
+#if KVFLASH_CPU_AVX512_BF16
+    if (w.bf16_scores) {
+      const uint16_t* q_bf16[kMaxRowsPerTile];
+      for (int x = 0; x < rows; ++x) q_bf16[x] = &w.q_bf16[size_t(r + x) * size_t(c.dim_bf16)];
+      dispatch_rows<DotBf16Tile>(rows, q_bf16, keys, scores_ahead, n, p.headdim, w.q_scale[size_t(r)], s);
+    }
+#endif
+    if (c.use_k && !w.bf16_scores) dispatch_tile<DotTile>(rows, k_dtype, q, keys, scores_ahead, n, p.headdim, s);
     if (p.has_qv) {
       if (c.use_k) dispatch_tile<DotAddTile>(rows, v_dtype, qv, values, Ahead{}, n, p.headdim_v, s);
       else dispatch_tile<DotTile>(rows, v_dtype, qv, values, Ahead{}, n, p.headdim_v, s);
@@ -334,6 +364,7 @@ void run_task(const Context& c, const Task& t, Scratch& w) {
   std::fill(w.l.begin(), w.l.begin() + rows, 0.0f);
   std::fill(w.acc.begin(), w.acc.begin() + size_t(rows) * size_t(c.dim_v), 0.0f);
   if (lo < hi) {
+    w.bf16_scores = c.bf16_scores(t.b);
     load_queries(c, t, positions, w);
     // Blocks start at fixed offsets from the split's first key, so a row meets the same blocks
     // (and gets the same bits) whatever task shape the thread count led to.

@@ -7,6 +7,9 @@ namespace kvflash::cpu {
 void attend(const core::Problem& p, const Plan& plan, const Outputs& outputs, const Partials* partials,
             int num_threads) {
   switch (active_isa()) {
+#if KVFLASH_CPU_AVX512_BF16_LEVEL
+    case Isa::avx512_bf16: return avx512_bf16::attend(p, plan, outputs, partials, num_threads);
+#endif
 #if KVFLASH_CPU_X86_LEVELS
     case Isa::avx512: return avx512::attend(p, plan, outputs, partials, num_threads);
     case Isa::avx2: return avx2::attend(p, plan, outputs, partials, num_threads);

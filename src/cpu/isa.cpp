@@ -16,8 +16,10 @@ constexpr const char* kEnvVar = "KVFLASH_CPU_ISA";
 
 // Every level's name is known everywhere (asking for avx2 on aarch64 says "cannot run it");
 // kLevels: the ones this build compiled, lowest first.
-constexpr Isa kAllLevels[] = {Isa::baseline, Isa::avx2, Isa::avx512, Isa::neon};
-#if KVFLASH_CPU_X86_LEVELS
+constexpr Isa kAllLevels[] = {Isa::baseline, Isa::avx2, Isa::avx512, Isa::avx512_bf16, Isa::neon};
+#if KVFLASH_CPU_AVX512_BF16_LEVEL
+constexpr Isa kLevels[] = {Isa::baseline, Isa::avx2, Isa::avx512, Isa::avx512_bf16};
+#elif KVFLASH_CPU_X86_LEVELS
 constexpr Isa kLevels[] = {Isa::baseline, Isa::avx2, Isa::avx512};
 #elif KVFLASH_CPU_ARM_LEVELS
 constexpr Isa kLevels[] = {Isa::baseline, Isa::neon};
@@ -31,18 +33,27 @@ bool has_f16c() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
 }
+
+// AVX512_BF16 from CPUID leaf 7 subleaf 1 (EAX bit 5): GCC 12's and clang 14's
+// __builtin_cpu_supports do not agree on its name. Whether the OS saves the ZMM registers is
+// checked by __builtin_cpu_supports("avx512f"), which this level also requires.
+bool has_avx512_bf16() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;
+}
 #endif
 
 // __builtin_cpu_supports also checks that the OS saves the AVX / AVX-512 registers (XCR0).
 bool cpu_runs(Isa isa) {
 #if KVFLASH_CPU_X86_LEVELS
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
   switch (isa) {
     case Isa::baseline: return true;
     case Isa::avx2: return avx2;
-    case Isa::avx512:
-      return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    case Isa::avx512: return avx512;
+    case Isa::avx512_bf16: return avx512 && has_avx512_bf16();
     case Isa::neon: return false;
   }
   return false;
@@ -60,6 +71,18 @@ std::string names_of(const std::vector<Isa>& levels) {
   return names;
 }
 
+// avx512_bf16 decodes no faster than avx512 on the CPU measured (slower by about 1.5 % where
+// decode is memory-bound: BENCHMARKS.md), so it runs only when asked for.
+Isa highest_automatic(const std::vector<Isa>& supported) {
+  return supported.back() == Isa::avx512_bf16 ? supported[supported.size() - 2] : supported.back();
+}
+
+// avx512_bf16 decodes no faster than avx512 on the CPU measured (slower by about 1.5 % where
+// decode is memory-bound: BENCHMARKS.md), so it runs only when asked for.
+Isa highest_automatic(const std::vector<Isa>& supported) {
+  return supported.back() == Isa::avx512_bf16 ? supported[supported.size() - 2] : supported.back();
+}
+
 // -1: not chosen yet (read KVFLASH_CPU_ISA at the first call).
 std::atomic<int> g_active{-1};
 
@@ -70,6 +93,7 @@ const char* isa_name(Isa isa) {
     case Isa::baseline: return "baseline";
     case Isa::avx2: return "avx2";
     case Isa::avx512: return "avx512";
+    case Isa::avx512_bf16: return "avx512_bf16";
     case Isa::neon: return "neon";
   }
   return "?";
@@ -84,7 +108,7 @@ std::vector<Isa> supported_isas() {
 }
 
 Isa requested_isa(const std::string& value, const std::vector<Isa>& supported) {
-  if (value.empty() || value == "auto") return supported.back();
+  if (value.empty() || value == "auto") return highest_automatic(supported);
   for (Isa isa : kAllLevels) {
     if (value != isa_name(isa)) continue;
     for (Isa s : supported) {

@@ -1,6 +1,7 @@
 // Which instruction set the CPU kernels run with. The SIMD code (attention.cpp with simd.h and
 // microkernels.h) is compiled once per level, each copy in its own namespace; attend() runs the
-// highest level this CPU supports, or the one KVFLASH_CPU_ISA names (for tests and comparisons).
+// highest level this CPU supports short of avx512_bf16 (opt-in: measured no faster, see
+// BENCHMARKS.md), or the one KVFLASH_CPU_ISA names (for tests and comparisons).
 #pragma once
 
 #include <string>
@@ -12,6 +13,8 @@ enum class Isa {
   baseline,  // portable code, vectorised as the compiler can (x86-64-v2 by default; armv8-a)
   avx2,      // x86-64: AVX2 + FMA + F16C (x86-64-v3)
   avx512,    // x86-64: AVX-512 F/DQ/BW/VL (x86-64-v4)
+  avx512_bf16,  // x86-64: + AVX512_BF16: bf16 scores (Q.K) with vdpbf16ps; built where the
+                // compiler has it, used only when KVFLASH_CPU_ISA names it
   neon,      // aarch64: Advanced SIMD intrinsics (every aarch64 CPU has it)
 };
 
@@ -22,7 +25,7 @@ const char* isa_name(Isa isa);
 std::vector<Isa> supported_isas();
 
 // The level a KVFLASH_CPU_ISA value asks for among `supported` (supported_isas()); empty or
-// "auto": the highest. Throws kvflash::Error naming KVFLASH_CPU_ISA for an unknown name or a
+// "auto": the highest but avx512_bf16. Throws kvflash::Error naming KVFLASH_CPU_ISA for an unknown name or a
 // level not supported.
 Isa requested_isa(const std::string& value, const std::vector<Isa>& supported);
 

@@ -40,6 +40,9 @@ namespace avx512 { AttendFn attend; }
 #elif KVFLASH_CPU_ARM_LEVELS
 namespace neon { AttendFn attend; }
 #endif
+#if KVFLASH_CPU_AVX512_BF16_LEVEL
+namespace avx512_bf16 { AttendFn attend; }
+#endif
 
 // Merges n partials of one row through their LSE: out_rows[s * out_stride + c], lse[s * lse_stride].
 // Writes the merged fp32 row to `merged` (d values) and returns the merged LSE. Empty splits
