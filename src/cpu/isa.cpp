@@ -77,12 +77,6 @@ Isa highest_automatic(const std::vector<Isa>& supported) {
   return supported.back() == Isa::avx512_bf16 ? supported[supported.size() - 2] : supported.back();
 }
 
-// avx512_bf16 decodes no faster than avx512 on the CPU measured (slower by about 1.5 % where
-// decode is memory-bound: BENCHMARKS.md), so it runs only when asked for.
-Isa highest_automatic(const std::vector<Isa>& supported) {
-  return supported.back() == Isa::avx512_bf16 ? supported[supported.size() - 2] : supported.back();
-}
-
 // -1: not chosen yet (read KVFLASH_CPU_ISA at the first call).
 std::atomic<int> g_active{-1};
 
