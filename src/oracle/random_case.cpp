@@ -99,12 +99,14 @@ void draw_dims(Rng& rng, Config& c, const CaseLimits& limits) {
   const bool fp8_cache_16_bit_q = c.cache_dtype != c.dtype;
   // MLA-style qv (d <= 64, d_v >= 256): fp16/bf16 upstream, and fp32 on kvflash's CPU backend;
   // over an fp8 cache (16-bit qv) d_v is 256.
-  if ((sixteen_bit || c.dtype == DType::f32 || fp8_cache_16_bit_q) && r < 0.1) {
+  // Over an fp8 cache, qv and a missing q are drawn more often: the mixed form is itself a
+  // fifth of the 16-bit draws, and the shortened runs (300 cases) must still reach every tag.
+  if ((sixteen_bit || c.dtype == DType::f32 || fp8_cache_16_bit_q) && r < (fp8_cache_16_bit_q ? 0.3 : 0.1)) {
     c.qv = true;
     c.headdim = fp8_cache_16_bit_q ? 16 * rng.uniform(2, 4) : 8 * rng.uniform(4, 8);
     c.headdim_v = fp8_cache_16_bit_q ? 256 : rng.pick({256, 512});
-    c.only_qv = rng.chance(0.4);
-    c.q_absent = c.only_qv && rng.chance(0.5);
+    c.only_qv = rng.chance(fp8_cache_16_bit_q ? 0.6 : 0.4);
+    c.q_absent = c.only_qv && rng.chance(fp8_cache_16_bit_q ? 0.7 : 0.5);
     c.k_cache_absent = c.only_qv && rng.chance(0.5);
   } else if (sixteen_bit && r < 0.2) {
     const bool mla = rng.chance(0.5);  // the two non-square pairs upstream instantiates
