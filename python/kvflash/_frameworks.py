@@ -1,15 +1,10 @@
 """What kvflash needs from the caller's array framework: output allocation, the current stream,
 and a few stride / dtype questions. torch, numpy and CuPy are known by name; nothing here
-imports torch or CuPy unless the caller's tensors already come from them."""
+imports torch, CuPy or ml_dtypes unless the caller's tensors need them."""
 
 import sys
 
 import numpy as np
-
-try:  # bfloat16 / float8 numpy arrays
-    import ml_dtypes
-except ImportError:  # pragma: no cover - optional
-    ml_dtypes = None
 
 # kvflash::DType codes (include/kvflash/tensor.h), in enum order.
 F32, F16, BF16, E4M3, I32, F64 = range(6)
@@ -26,8 +21,19 @@ def is_torch(t):
     return torch is not None and isinstance(t, torch.Tensor)
 
 
+def _ml_dtypes():
+    """ml_dtypes (numpy's bfloat16 / float8 types), imported on first need: a process that passes
+    torch tensors never loads it (one less extension in engines' processes, and import time)."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return ml_dtypes
+
+
 def numpy_dtype(code):
     if code in (BF16, E4M3):
+        ml_dtypes = _ml_dtypes()
         if ml_dtypes is None:
             raise TypeError(
                 f"a {DTYPE_NAMES[code]} numpy array needs the ml_dtypes package (pip install ml_dtypes)"

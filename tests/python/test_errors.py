@@ -3,6 +3,8 @@
 NotImplementedError, device_failure -> RuntimeError), and FA3's Python-level errors."""
 
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -150,6 +152,21 @@ def test_fp8_on_the_cpu_is_reported_not_crashed():
         assert str(error)  # a clear refusal is fine; a crash is not
     else:
         assert out.dtype == ml_dtypes.bfloat16  # FA3: fp8 input gives a bf16 output
+
+
+def test_numpy_bfloat16_without_ml_dtypes_is_named(monkeypatch):
+    from kvflash import _frameworks
+
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # `import ml_dtypes` now raises ImportError
+    with pytest.raises(TypeError, match=r"^a bfloat16 numpy array needs the ml_dtypes package"):
+        _frameworks.numpy_dtype(_frameworks.BF16)
+    assert _frameworks.numpy_dtype(_frameworks.F16) == np.float16
+
+
+def test_import_does_not_load_ml_dtypes():
+    # Engines pass torch tensors: ml_dtypes (another C extension) loads only for numpy bf16 / fp8.
+    code = "import sys, kvflash; assert 'ml_dtypes' not in sys.modules, 'ml_dtypes imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 @pytest.mark.parametrize("kind, error", [(0, ValueError), (1, TypeError), (2, NotImplementedError),
