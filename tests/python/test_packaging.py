@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 import kvflash
 
 
@@ -25,3 +27,19 @@ def test_kvflash_program_is_installed_with_the_module():
 def test_ml_dtypes_is_a_requirement():
     requirements = importlib.metadata.requires("kvflash") or []
     assert any(r.split(">")[0].split("=")[0].strip() == "ml_dtypes" and "extra" not in r for r in requirements)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("nm") is None, reason="needs ELF and nm")
+def test_extension_exports_only_its_init():
+    # The static archives linked into the module (kvflash's library, the CUDA runtime, libstdc++
+    # where the toolchain links it statically) must not leak into the process's symbol space: an
+    # exported static libstdc++ broke ml_dtypes imported after kvflash (python/CMakeLists.txt).
+    from kvflash import _kvflash
+
+    listing = subprocess.run(["nm", "-D", "--defined-only", _kvflash.__file__], check=True,
+                             capture_output=True, text=True).stdout
+    names = [line.split()[-1] for line in listing.splitlines() if line.strip()]
+    assert "PyInit__kvflash" in names
+    leaked = [n for n in names if n != "PyInit__kvflash" and
+              ("kvflash" in n or n.startswith(("cuda", "__cuda", "_ZN4cuda")) or "St6locale" in n)]
+    assert not leaked, f"{len(leaked)} symbols of the linked archives exported, e.g. {leaked[:3]}"
