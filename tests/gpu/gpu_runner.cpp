@@ -14,7 +14,8 @@
 //   kvflash_gpu_runner combine                        kvflash::combine on the GPU vs the CPU
 //   kvflash_gpu_runner bench [case]                   the issue's speed floors (decode64, decode1,
 //                                                     prefill, prefill_causal; default all)
-//   kvflash_gpu_runner badinput | bitwise [count]     issue 18 (reliability_test.cpp)
+//   kvflash_gpu_runner badinput | bitwise [count] | streams [count]
+//                                                     issue 18 (reliability_test.cpp)
 //
 // Every case copies its tensors to the device with their strides, runs the public API there,
 // copies the outputs and caches back and lets oracle::compare judge them. Exit status 0 = pass.
@@ -160,6 +161,7 @@ int run_bench(const std::string& only);  // bench.cpp: "" for every case
 int run_sm90_bench(bool small);          // sm90_bench.cpp
 int run_bad_input();                     // reliability_test.cpp
 int run_bitwise(int count);              // reliability_test.cpp
+int run_streams(int count);              // reliability_test.cpp
 
 }  // namespace kvflash::gpu_test
 
@@ -178,6 +180,7 @@ int main(int argc, char** argv) {
   if (mode == "sm90bench") return run_sm90_bench(argc > 2 && std::string(argv[2]) == "small");
   if (mode == "badinput") return run_bad_input();
   if (mode == "bitwise") return run_bitwise(argc > 2 ? std::atoi(argv[2]) : 200);
-  std::fprintf(stderr, "usage: %s random <count> [first_seed] [split|prefill|sm90] | graph | combine | bench [case] | sm90bench [small] | badinput | bitwise [count]\n", argv[0]);
+  if (mode == "streams") return run_streams(argc > 2 ? std::atoi(argv[2]) : 100);
+  std::fprintf(stderr, "usage: %s random <count> [first_seed] [split|prefill|sm90] | graph | combine | bench [case] | sm90bench [small] | badinput | bitwise [count] | streams [count]\n", argv[0]);
   return 2;
 }

@@ -7,11 +7,16 @@
 //                                 the same way or run (run.sh runs this under memcheck)
 //   kvflash_gpu_runner bitwise N  N random cases run twice, bitwise equal out / LSE / caches; one
 //                                 sequence in four batches with batch_invariant: bitwise equal
+//   kvflash_gpu_runner streams N  N random cases from 4 host threads at once, each on its own
+//                                 non-blocking stream, every thread running every case (so a case's
+//                                 Plan is shared between threads): bitwise equal to the serial run
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpp/bad_calls.h"
@@ -101,19 +106,35 @@ std::vector<char> bytes(const TensorView& t) {
   return host;
 }
 
-// Case c on the device (caches restored first): out, LSE and both caches afterwards, as bytes.
-std::vector<std::vector<char>> run_case(oracle::Case& c) {
-  c.restore_cache();
+// Case c on the device, on `stream` (null: the legacy default stream): out, LSE and both caches
+// afterwards, as bytes. The host case is only read (the call appends into the device copies), so
+// several threads may run one case at once.
+std::vector<std::vector<char>> run_case(const oracle::Case& c, cudaStream_t stream = nullptr) {
   DeviceMirror mirror;
   const KvCacheArgs dev = device_args(c.args, mirror);
   oracle::CaseOutputs host = oracle::allocate_outputs(output_spec(dev), false);
   Outputs out;
   out.out = mirror.upload(host.outputs.out);
   out.softmax_lse = mirror.upload(host.outputs.softmax_lse);
-  flash_attn_with_kvcache(dev, out);
-  check(cudaDeviceSynchronize(), "bitwise case");
+  // A pageable upload may still be in flight when cudaMemcpy returns, and a non-blocking stream
+  // is not ordered after the legacy stream that carried it.
+  check(cudaStreamSynchronize(cudaStreamLegacy), "uploads");
+  RunOptions options;
+  options.stream = stream;
+  flash_attn_with_kvcache(dev, out, options);
+  check(cudaStreamSynchronize(stream), "case");
   return {bytes(out.out), out.softmax_lse ? bytes(*out.softmax_lse) : std::vector<char>{},
           bytes(*dev.k_cache), bytes(*dev.v_cache)};
+}
+
+// The first `count` random cases this build runs on CUDA.
+std::vector<oracle::Case> cuda_cases(int count) {
+  std::vector<oracle::Case> cases;
+  for (uint64_t seed = 1; int(cases.size()) < count && seed < uint64_t(20 * count); ++seed) {
+    oracle::Case c = oracle::make_random_case(seed);
+    if (cuda_supports(c.args)) cases.push_back(std::move(c));
+  }
+  return cases;
 }
 
 // The batch on the device; returns the bytes of element `at`'s out and LSE rows.
@@ -148,9 +169,7 @@ int differs_across_batches(bool batch_invariant) {
 // Random cases twice (bitwise equal), then batch invariance.
 int run_bitwise(int count) {
   int compared = 0, failed = 0;
-  for (uint64_t seed = 1; compared < count && seed < uint64_t(20 * count); ++seed) {
-    oracle::Case c = oracle::make_random_case(seed);
-    if (!cuda_supports(c.args)) continue;
+  for (oracle::Case& c : cuda_cases(count)) {
     try {
       if (run_case(c) != run_case(c)) {
         ++failed;
@@ -168,6 +187,46 @@ int run_bitwise(int count) {
               invariant_differs ? "DIFFERS" : "bitwise equal",
               default_differs ? "differs (as expected: splits follow the batch)" : "equal here");
   return failed == 0 && invariant_differs == 0 && compared > 0 ? 0 : 1;
+}
+
+// The cases serially, then from kThreads threads at once on their own streams, each thread
+// running every case from its own starting point: the results must not change.
+int run_streams(int count) {
+  constexpr int kThreads = 4;
+  std::vector<oracle::Case> cases = cuda_cases(count);
+  std::vector<std::vector<std::vector<char>>> serial;
+  std::vector<bool> runs;  // refused cases (a clear error) are left out of both runs
+  for (oracle::Case& c : cases) {
+    try {
+      serial.push_back(run_case(c));
+      runs.push_back(true);
+    } catch (const Error&) {
+      serial.emplace_back();
+      runs.push_back(false);
+    }
+  }
+  std::atomic<int> compared{0}, failed{0};
+  const auto worker = [&](int t) {
+    cudaStream_t stream = nullptr;
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    for (size_t k = 0; k < cases.size(); ++k) {
+      const size_t i = (k + size_t(t) * cases.size() / kThreads) % cases.size();
+      if (!runs[i]) continue;
+      if (run_case(cases[i], stream) != serial[i]) {
+        ++failed;
+        std::printf("FAIL streams: thread %d, %s differs from the serial run\n", t,
+                    oracle::describe(cases[i]).c_str());
+      }
+      ++compared;
+    }
+    check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  for (std::thread& thread : threads) thread.join();
+  std::printf("streams: %zu random cases x %d threads on their own streams (%d runs), %d differ from "
+              "the serial run\n", cases.size(), kThreads, compared.load(), failed.load());
+  return failed == 0 && compared > 0 ? 0 : 1;
 }
 
 int run_bad_input() {

@@ -2,7 +2,8 @@
 # The GPU test runner, one call on a GPU machine: build (all instantiations, sm_80 + sm_90a),
 # resource usage of the kernels, >= 1000 random differential cases against the oracle,
 # compute-sanitizer memcheck, racecheck, initcheck and synccheck over a subset (memcheck also over
-# issue 18's malformed-call table), bitwise determinism and batch invariance, the CUDA-graph
+# issue 18's malformed-call table), bitwise determinism and batch invariance, the same cases from
+# several threads on their own streams, the CUDA-graph
 # decode test, timings,
 # issue 3's speed floors measured by `kvflash bench`, then a summary table. Logs go to $OUT (or
 # ./gpu-logs).
@@ -58,6 +59,7 @@ step graph graph.log "$RUNNER" graph
 step combine combine.log "$RUNNER" combine
 step badinput badinput.log "$RUNNER" badinput
 step bitwise bitwise.log "$RUNNER" bitwise 200
+step streams streams.log "$RUNNER" streams 100
 # Sanitizers: any cases, then the split-KV and prefill-shaped subsets (the decode shape dominates
 # a plain random draw) and the CUDA-graph test (splits + append), all appended to one log each.
 sanitize() {  # sanitize TOOL CASES FIRST_SEED
@@ -91,7 +93,7 @@ step floors floors.log floors
 echo
 echo "=== summary ($(head -1 "$OUT/resources.txt")) ==="
 printf '%-10s %s\n' step result
-for s in build random sm90 sm80prefill sm90bench graph combine badinput bitwise memcheck racecheck initcheck synccheck memcheck_badinput bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
+for s in build random sm90 sm80prefill sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
 grep -h "^random:" "$OUT/random.log" || true
 grep -h "^random sm90" "$OUT/sm90.log" || true
 grep -h "^random prefill" "$OUT/sm80prefill.log" || true
@@ -99,6 +101,7 @@ grep -h "^sm90bench\|^b[0-9]" "$OUT/sm90bench.log" || true
 grep -h "^random " "$OUT/memcheck.log" "$OUT/racecheck.log" "$OUT/initcheck.log" "$OUT/synccheck.log" || true
 grep -h "^badinput:" "$OUT/badinput.log" "$OUT/memcheck_badinput.log" || true
 grep -h "^bitwise:" "$OUT/bitwise.log" || true
+grep -h "^streams:" "$OUT/streams.log" || true
 grep -h "^graph:" "$OUT/graph.log" || true
 grep -h "^combine" "$OUT/combine.log" | tail -3 || true
 grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" "$OUT/initcheck.log" \
