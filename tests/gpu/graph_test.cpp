@@ -1,7 +1,8 @@
 // CUDA graphs: one paged decode step (append of the new token, split-KV forced, prepare and
 // combine on the device) is captured once with a Plan and a workspace, then replayed for several
 // steps with new cache_seqlens, page tables, q, k, v and cache contents written into the same
-// device buffers. Every replay must match the oracle.
+// device buffers. Every replay must match the oracle, and the same call run eagerly on the step's
+// inputs must give the replay's bytes (out, LSE, both caches).
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -49,6 +50,16 @@ void next_step(oracle::Case& c, std::mt19937& rng) {
   std::uniform_int_distribution<int> len(0, kPagesPerSeq * kPageSize - 1);  // room for the new token
   for (int b = 0; b < kBatch; ++b) a.cache_seqlens->ptr<int32_t>()[b] = len(rng);
   c.seal();
+}
+
+// The bytes the host views hold.
+std::vector<std::vector<char>> host_bytes(std::initializer_list<const TensorView*> views) {
+  std::vector<std::vector<char>> all;
+  for (const TensorView* t : views) {
+    const char* p = static_cast<const char*>(t->data);
+    all.emplace_back(p, p + span_bytes(*t));
+  }
+  return all;
 }
 
 }  // namespace
@@ -103,29 +114,50 @@ int run_graph() {
   check(cudaStreamEndCapture(stream, &graph), "end capture");
   check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
 
-  int failures = 0;
-  for (int step = 0; step < kSteps; ++step) {
-    if (step > 0) next_step(c, rng);
+  // The step's inputs (caches as before the append) on the device, out NaN again so an unwritten
+  // element shows; then the outputs and caches back on the host.
+  const std::vector<char> nan_out = host_bytes({&host_out.outputs.out})[0];
+  const auto upload_step = [&] {
+    std::memcpy(host_out.outputs.out.data, nan_out.data(), nan_out.size());
     for (OptTensor KvCacheArgs::*f : {&KvCacheArgs::q, &KvCacheArgs::k, &KvCacheArgs::v, &KvCacheArgs::k_cache,
                                       &KvCacheArgs::v_cache, &KvCacheArgs::page_table, &KvCacheArgs::cache_seqlens}) {
       DeviceMirror::reupload(*(a.*f), *(dev.*f));
     }
-    DeviceMirror::reupload(host_out.outputs.out, dev_out.out);  // NaN again: unwritten shows
-    const oracle::OracleResult ref = oracle::run_oracle(a);
-    check(cudaGraphLaunch(exec, stream), "graph launch");
-    check(cudaStreamSynchronize(stream), "graph replay");
+    DeviceMirror::reupload(host_out.outputs.out, dev_out.out);
+  };
+  const auto download_step = [&] {
+    check(cudaStreamSynchronize(stream), "graph step");
     DeviceMirror::download(host_out.outputs.out, dev_out.out);
     DeviceMirror::download(*host_out.outputs.softmax_lse, *dev_out.softmax_lse);
     DeviceMirror::download(*a.k_cache, *dev.k_cache);
     DeviceMirror::download(*a.v_cache, *dev.v_cache);
+    return host_bytes({&host_out.outputs.out, &*host_out.outputs.softmax_lse, &*a.k_cache, &*a.v_cache});
+  };
+  int failures = 0, eager_differs = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    if (step > 0) next_step(c, rng);
+    upload_step();
+    const oracle::OracleResult ref = oracle::run_oracle(a);
+    check(cudaGraphLaunch(exec, stream), "graph launch");
+    const auto replayed = download_step();
     const oracle::Comparison cmp = oracle::compare(c, ref, host_out.outputs);
     if (!cmp.ok) {
       ++failures;
       std::printf("graph step %d FAIL: %s\n", step, cmp.first_failure.c_str());
     }
+    // The same step eagerly, from the caches as they were before it.
+    c.restore_cache();
+    upload_step();
+    flash_attn_with_kvcache(dev, dev_out, options);
+    if (download_step() != replayed) {
+      ++eager_differs;
+      std::printf("graph step %d FAIL: the eager call's bytes differ from the replay's\n", step);
+    }
   }
-  std::printf("graph: %d of %d replays match the oracle (batch %d, page %d, %d splits, append + causal)\n",
-              kSteps - failures, kSteps, kBatch, kPageSize, plan.num_splits);
+  std::printf("graph: %d of %d replays match the oracle (batch %d, page %d, %d splits, append + causal); "
+              "eager runs of the same steps bitwise equal to the replays: %d of %d\n",
+              kSteps - failures, kSteps, kBatch, kPageSize, plan.num_splits, kSteps - eager_differs, kSteps);
+  failures += eager_differs;
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaFree(ws);
