@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from kvflash.bench import __main__ as cli  # noqa: E402
 from kvflash.bench import cases as suites  # noqa: E402
-from kvflash.bench.peers import Kvflash  # noqa: E402
+from kvflash.bench.peers import Kvflash, KvflashBatchInvariant  # noqa: E402
 from kvflash.bench.system import NotRun, Prepared, System  # noqa: E402
 from kvflash.bench.peers_torch import Sdpa  # noqa: E402
 from kvflash.bench.report import Results, markdown, write_csv  # noqa: E402
@@ -86,13 +86,15 @@ def test_case_arithmetic_and_filter():
 
 def test_suite_rows_checks_and_outputs(tmp_path):
     cases = suites.select(suites.tiny_suite(), "decode b2 q4,prefill b1 q64 k64 .* p16")
-    systems = [Kvflash("cpu"), Sdpa("cpu", "math"), Shifted("cpu"), Broken("cpu")]
+    systems = [Kvflash("cpu"), KvflashBatchInvariant("cpu"), Sdpa("cpu", "math"), Shifted("cpu"), Broken("cpu")]
     timer = Timer("cpu", min_reps=2, max_reps=2, warmup=0)
     rows = Suite(cases, systems, timer, "cpu", budget_s=60, not_run={"fa4": "x"}, log=lambda _: None).run()
     status = {(r.case.kind, r.system): r for r in rows}
     assert len(rows) == len(cases) * len(systems)
     for kind in ("decode", "prefill"):
         assert status[(kind, "kvflash")].status == "ok"
+        assert status[(kind, "kvflash-bi")].status == "ok", status[(kind, "kvflash-bi")].note
+        assert status[(kind, "kvflash-bi")].max_abs_diff <= 0.02
         assert status[(kind, "sdpa-math")].status == "ok", status[(kind, "sdpa-math")].note
         assert status[(kind, "sdpa-math")].max_abs_diff <= 0.02
         assert status[(kind, "shifted")].status == "mismatch"
@@ -110,11 +112,16 @@ def test_suite_rows_checks_and_outputs(tmp_path):
         table = list(csv.DictReader(f))
     assert len(table) == len(rows)
     kv_row = next(r for r in table if r["system"] == "kvflash" and r["kind"] == "decode")
-    assert kv_row["best_peer"] == "sdpa-math"  # the shifted peer disagreed: never the best
+    # The shifted peer disagreed: never the best; kvflash-bi is kvflash itself: never a peer.
+    assert kv_row["best_peer"] == "sdpa-math"
     assert float(kv_row["gb_per_s"]) > 0 and kv_row["commit"] == "abc"
     text = markdown(results)
     assert "### decode" in text and "### prefill" in text
     assert "**MISMATCH**" in text and "planted failure" in text and "no decode here" in text
+    for row in rows:  # kvflash's batch-invariant variant, even the fastest, is not a peer
+        if row.system == "kvflash-bi":
+            row.seconds = 1e-12
+    assert all(Results(rows, meta).best_peer(c)[0] == "sdpa-math" for c in cases)
 
 
 def test_cli_dry_run_writes_everything(tmp_path, capsys):

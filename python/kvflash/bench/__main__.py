@@ -7,7 +7,8 @@
     python -m kvflash.bench --device cpu --tiny    # dry run on the CPU (structure, checks, outputs)
 
 Writes results.csv, results.md, decode.png and prefill.png into --out (default
-bench/results/<date>) and prints the markdown last.
+bench/results/<date>) and prints the markdown last. kvflash-bi is kvflash in batch-invariant mode
+(its cost), never counted as a peer.
 """
 
 import argparse

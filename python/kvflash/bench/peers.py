@@ -24,25 +24,44 @@ class Kvflash(System):
         return None
 
     def prepare(self, case, inputs):
-        from kvflash.flash_attn_interface import flash_attn_with_kvcache, get_scheduler_metadata
+        from kvflash.flash_attn_interface import get_scheduler_metadata
 
         metadata = get_scheduler_metadata(
             case.batch, case.seqlen_q, case.seqlen_k, case.heads, case.heads_k, case.headdim,
             inputs.cache_seqlens, qkv_dtype=inputs.dtype, page_size=case.page_size or None,
             causal=case.causal)
+        return self._prepared(inputs, case.causal, "scheduler metadata precomputed",
+                              scheduler_metadata=metadata)
+
+    @staticmethod
+    def _prepared(inputs, causal, note, **options):
+        from kvflash.flash_attn_interface import flash_attn_with_kvcache
+
         out = torch.empty_like(inputs.q)
         q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
-        seqlens, page_table, causal = inputs.cache_seqlens, inputs.page_table, case.causal
+        seqlens, page_table = inputs.cache_seqlens, inputs.page_table
 
         def fn():
             return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, page_table=page_table,
-                                           causal=causal, scheduler_metadata=metadata, out=out)
+                                           causal=causal, out=out, **options)
 
-        return Prepared(fn, note="scheduler metadata precomputed")
+        return Prepared(fn, note=note)
+
+
+class KvflashBatchInvariant(Kvflash):
+    """kvflash's batch-invariant mode (a sequence's output independent of the rest of the batch:
+    a fixed key count per split), to measure what it costs. Not a peer: report.py leaves kvflash's
+    own variants out of the best peer."""
+
+    name = "kvflash-bi"
+
+    def prepare(self, case, inputs):
+        return self._prepared(inputs, case.causal, "batch_invariant=True, planned per call",
+                              batch_invariant=True)
 
 
 def all_systems(device):
-    systems = [Kvflash(device)]
+    systems = [Kvflash(device), KvflashBatchInvariant(device)]
     if device == "cuda":
         systems += [peers_torch.Sdpa(device, "flash"), peers_torch.Sdpa(device, "cudnn")]
     else:

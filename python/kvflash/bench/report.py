@@ -43,8 +43,9 @@ class Results:
         return gbps, tflops, pct
 
     def best_peer(self, case):
-        """The fastest peer (not kvflash) whose output agreed: (name, seconds) or (None, None)."""
-        ok = [r for name, r in self.by_case[case].items() if name != "kvflash" and r.status == "ok"
+        """The fastest peer (not kvflash nor its variants, such as kvflash-bi) whose output agreed:
+        (name, seconds) or (None, None)."""
+        ok = [r for name, r in self.by_case[case].items() if not name.startswith("kvflash") and r.status == "ok"
               and _finite(r.seconds)]
         if not ok:
             return None, None
