@@ -6,6 +6,8 @@
 #
 #   bash scripts/build_wheel.sh cpu [OUT_DIR]    # CPU-only wheel (CI runs this)
 #   bash scripts/build_wheel.sh cuda [OUT_DIR]   # CUDA wheel: sm_80 + sm_90a, every instantiation
+#   bash scripts/build_wheel.sh cuda-minimal      # the CUDA wheel with one instantiation (bf16, d 128,
+#                                                 # sm_80): the CUDA variant's packaging path in CI time
 #
 # OUT_DIR (default dist/) receives raw/ (pip's wheel) and the repaired wheel. The CPU variant
 # builds in the folder scripts/test.sh's `pip install .` used (same settings on a machine without
@@ -22,7 +24,9 @@ case "$VARIANT" in
   cpu) settings+=(-C cmake.define.KVFLASH_CUDA=OFF) ;;
   cuda) settings+=(-C cmake.define.KVFLASH_CUDA=ON -C cmake.define.KVFLASH_CUDA_MINIMAL=OFF
                    -C build-dir="$ROOT/build/wheel-cuda") ;;
-  *) echo "build_wheel.sh: variant must be cpu or cuda, got '$VARIANT'" >&2; exit 2 ;;
+  cuda-minimal) settings+=(-C cmake.define.KVFLASH_CUDA=ON -C cmake.define.KVFLASH_CUDA_MINIMAL=ON
+                           -C build-dir="$ROOT/build/wheel-cuda-minimal") ;;
+  *) echo "build_wheel.sh: variant must be cpu, cuda or cuda-minimal, got '$VARIANT'" >&2; exit 2 ;;
 esac
 
 rm -rf "$OUT/raw"
@@ -61,6 +65,9 @@ python3 -m venv --system-site-packages "$venv"
 # --ignore-installed: test.sh may have put kvflash in the system site-packages this venv sees.
 "$venv/bin/python" -m pip install --quiet --no-deps --ignore-installed --disable-pip-version-check "$wheel"
 (cd "$venv" && "$venv/bin/python" -c "import kvflash; print('build_wheel.sh: import kvflash', kvflash.__version__, kvflash.build_backends())")
+if [ "$VARIANT" != cpu ]; then  # a CUDA wheel says so, and (without a GPU here) still runs on the CPU
+  (cd "$venv" && "$venv/bin/python" -c "import kvflash; assert 'cuda' in kvflash.build_backends().split(','), kvflash.build_backends()")
+fi
 "$venv/bin/kvflash" --version
 "$venv/bin/kvflash" check --cases 5 >/dev/null
 echo "build_wheel.sh: $VARIANT wheel ok: $wheel"
