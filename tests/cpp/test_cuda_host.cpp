@@ -480,7 +480,7 @@ TEST(CudaParams, QvAndOnlyQv) {
 }
 
 // The d_v 512 prefill CTA takes 151 KB of shared memory: refused where a CTA may have less
-// (sm_86, sm_89, sm_120: 99 KB); its decode kernel (85 KB) runs on every sm80+ GPU.
+// (sm_86, sm_89, sm_120: 99 KB); its decode kernel (83 KB) runs on every sm80+ GPU.
 TEST(CudaParams, MlaPrefillNeedsLargeSharedMemory) {
   MlaCall prefill(1, 4, 16);  // 64 packed query rows
   for (int arch : {80, 87, 90, 100, 103}) {

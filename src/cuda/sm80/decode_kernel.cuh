@@ -68,7 +68,7 @@ struct DecodeTraits {
   static constexpr int kQvBytes = kTakesQv ? kRows * kQvStride * int(sizeof(Elem)) : 0;
   static constexpr int kSmemBytes = kBufferBytes + kStatsBytes + kQvBytes;
   // Three CTAs per SM at head dims up to 128 (72 KB of shared memory each; the portable split
-  // rule, core/split_rule.h, counts that many CTA slots per SM). d 64 / d_v 512: 85 KB, within
+  // rule, core/split_rule.h, counts that many CTA slots per SM). d 64 / d_v 512: 83 KB, within
   // the 99 KB a CTA may have on every sm80+ GPU.
   static_assert(kSmemBytes <= 99 * 1024, "fits every sm80+ GPU");
   static constexpr int kMinBlocks = kWidest <= 128 ? 3 : 1;
