@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
       const bool row_ok = idx < packed_rows;
       const int lo = max(vis.lo, n_lo);
       const int hi = row_ok ? min(vis.hi, n_hi) : lo;
-      if (t == 0) sRowKeys[warp_row(mt, h)] = make_int2(lo, hi);
+      if (t == 0 && wv == 0) sRowKeys[warp_row(mt, h)] = make_int2(lo, hi);  // one writer per row
       full_lo = max(full_lo, lo);
       full_hi = min(full_hi, hi);
     }
