@@ -342,10 +342,10 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
     try:
         _ext.combine(out_partial, lse_partial, out, lse, fw.current_stream(out_partial))
     except NotImplementedError:
-        # Head dims the CUDA combine kernel does not take yet (above 256: MLA's 512) are merged
-        # by torch on the same device, after the same argument checks, so CPU and CUDA behave
-        # alike from Python.
-        if not (_is_torch_tensor(out_partial) and out_partial.is_cuda and shape[-1] > 256):
+        # Head dims the CUDA combine kernel does not take (above 512) are merged by torch on
+        # the same device, after the same argument checks, so CPU and CUDA behave alike from
+        # Python.
+        if not (_is_torch_tensor(out_partial) and out_partial.is_cuda and shape[-1] > 512):
             raise
         _combine_by_torch(out_partial, lse_partial, out, lse)
     return out, lse

@@ -116,6 +116,7 @@ TileInputs tile_inputs(const PlanKey& key, const MaskShape& mask, bool paged_non
   in.local = mask.is_local;
   in.paged_non_tma = paged_non_tma;
   in.softcap = key.has_softcap;
+  in.qv = key.has_qv;
   return in;
 }
 
@@ -137,6 +138,7 @@ FamilyInputs family_inputs(const PlanKey& key) {
   in.page_size = key.page_size;
   in.has_leftpad = key.has_leftpad;
   in.sm90_enabled = sm90_allowed();
+  in.has_qv = key.has_qv;
   // The sm90 kernels run one split: a call that asks for more, or that FA3's rule would split
   // at the sm90 tile, stays on the sm80 family.
   if (key.num_splits <= 1 && key.arch == 90) {

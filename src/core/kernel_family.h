@@ -28,6 +28,7 @@ struct FamilyInputs {
   bool one_split = false;   // at most one split asked for, and FA3's rule plans one (heuristics.cpp)
   // On unless KVFLASH_SM90=0 (read by family_inputs()).
   bool sm90_enabled = true;
+  bool has_qv = false;      // qv given (MLA): the d_v 512 instantiation
 };
 
 // Keys per block of the sm90 family's kernels at head dim d (src/cuda/sm90/prefill_kernel.cuh);
@@ -61,13 +62,16 @@ KVFLASH_HD constexpr TileSize family_tile(KernelFamily family, const TileInputs&
   return tile_size_sm80(in);
 }
 
-// Head dims of the instantiation that runs (d, d_v): (192, 128) for its own shape, else the
-// wider rounded dim for both (core/tile_size.h round_up_headdim).
+// Head dims of the instantiation that runs (d, d_v): (192, 128) for its own shape, (64, 512) for
+// MLA's (d_v above 256, which the contract allows only with d <= 64, and every call with qv,
+// whose d <= 64 and d_v >= 256: one instantiation for the qv.v scores, d_v 256 zero-padded),
+// else the wider rounded dim for both (core/tile_size.h round_up_headdim).
 struct InstanceDims {
   int headdim = 0;
   int headdim_v = 0;
 };
-KVFLASH_HD constexpr InstanceDims instance_dims(int headdim, int headdim_v) {
+KVFLASH_HD constexpr InstanceDims instance_dims(int headdim, int headdim_v, bool has_qv = false) {
+  if (has_qv || headdim_v > 256) return {64, 512};
   const int d = round_up_headdim(headdim), dv = round_up_headdim(headdim_v);
   if (d == 192 && dv <= 128) return {192, 128};
   const int widest = d > dv ? d : dv;
@@ -87,7 +91,7 @@ KVFLASH_HD constexpr KernelShape sm80_shape(int64_t packed_rows, const InstanceD
 // The kernel of `family` for a call (the planner asks for the rule's family; tests for others).
 KVFLASH_HD constexpr KernelChoice family_kernel(KernelFamily family, const FamilyInputs& in) {
   if (family == KernelFamily::cpu) return KernelChoice{};
-  const InstanceDims dims = instance_dims(in.headdim, in.headdim_v);
+  const InstanceDims dims = instance_dims(in.headdim, in.headdim_v, in.has_qv);
   const KernelShape shape = family == KernelFamily::sm80 ? sm80_shape(in.packed_rows, dims)
                                                          : KernelShape::prefill;
   return KernelChoice{family, shape, dims.headdim, dims.headdim_v};

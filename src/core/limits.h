@@ -26,9 +26,19 @@ constexpr int kMaxDynamicSplitBatch = 992;
 constexpr int kMaxHeadDim = 256;
 constexpr int kMaxHeadDimV = 512;
 // The CUDA kernels: head dims that are a multiple of kCudaHeadDimMultiple (16-byte rows of 16-bit
-// elements), at most kCudaMaxHeadDim, rounded up to one of the instantiated sizes
-// (core/tile_size.h round_up_headdim); the combine takes V rows up to kCudaMaxHeadDim too.
+// elements), d at most kCudaMaxHeadDim and d_v at most kCudaMaxHeadDimV, rounded up to one of the
+// instantiated sizes (core/kernel_family.h instance_dims); the combine takes V rows up to
+// kCudaMaxHeadDimV too.
 constexpr int kCudaMaxHeadDim = 256;
+constexpr int kCudaMaxHeadDimV = 512;
+// The sm80 family's prefill kernel at d_v 512 (MLA with more than 16 packed query rows per KV
+// head) takes kCudaMla512PrefillSmemKB of shared memory per CTA (cuda/sm80/prefill_kernel.cuh
+// checks its own figure against it): GPUs whose CTAs may opt in to that much run it (sm_80,
+// sm_87: 163 KB; sm_90, sm_100, sm_103: 227 KB); sm_86, sm_89 and sm_120 (99 KB) do not.
+constexpr int kCudaMla512PrefillSmemKB = 151;
+KVFLASH_HD constexpr int cuda_max_smem_per_cta_kb(int arch) {
+  return arch == 80 || arch == 87 ? 163 : arch == 90 || arch == 100 || arch == 103 ? 227 : 99;
+}
 constexpr int kCudaHeadDimMultiple = 8;
 // Rows the CUDA kernels copy 16 bytes at a time: tensors' rows must start on this boundary.
 constexpr int kCudaRowAlignBytes = 16;

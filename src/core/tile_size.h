@@ -25,6 +25,7 @@ struct TileInputs {
   bool paged_non_tma = false;  // paged KV read without TMA (contract 6.2)
   bool softcap = false;
   bool v_colmajor = false;     // fp8 V stored column-major (never in kvflash today)
+  bool qv = false;             // qv given: the sm80 family runs its d_v 512 kernels (kernel_family.h)
 };
 
 // Head dims are compiled for {64, 96, 128, 192, 256}; V also for 512 (contract 6.1).
@@ -69,12 +70,14 @@ KVFLASH_HD constexpr TileSize tile_size_sm90(const TileInputs& in) {
 
 // sm80 (any pre-Hopper GPU) and the CPU backend share one simple table: 128 query rows up to
 // head dim 128 and 64 beyond (accumulators stay small), 128 keys per block for head dims up to
-// 64 and 64 beyond (K and V tiles stay small). The larger of the two rounded head dims decides.
+// 64, 64 up to 256 (K and V tiles stay small) and 32 at d_v 512 (two stages of 32 x (64 + 512)
+// K / V rows, Q and qv fit an sm_80 CTA's shared memory). The larger of the two rounded head dims
+// decides; a call with qv runs the d_v 512 kernels whatever its d_v.
 KVFLASH_HD constexpr TileSize tile_size_sm80(const TileInputs& in) {
   const int d = round_up_headdim(in.headdim);
-  const int dv = round_up_headdim_v(in.headdim_v);
+  const int dv = in.qv ? 512 : round_up_headdim_v(in.headdim_v);
   const int widest = d > dv ? d : dv;
-  return {widest <= 128 ? 128 : 64, widest <= 64 ? 128 : 64};
+  return {widest <= 128 ? 128 : 64, widest <= 64 ? 128 : widest <= 256 ? 64 : 32};
 }
 
 }  // namespace kvflash::core

@@ -89,6 +89,14 @@ const char* dtype_tag(DType d) {
 }
 
 void draw_dims(Rng& rng, Config& c, const CaseLimits& limits) {
+  if (limits.mla) {
+    c.headdim = 64, c.headdim_v = 512;
+    c.qv = rng.chance(0.85);
+    c.only_qv = c.qv && rng.chance(0.35);
+    c.q_absent = c.only_qv && rng.chance(0.5);
+    c.k_cache_absent = c.only_qv && rng.chance(0.5);
+    return;
+  }
   if (!limits.headdims.empty()) {
     c.headdim = c.headdim_v = limits.headdims[rng.uniform(0, static_cast<int>(limits.headdims.size()) - 1)];
     return;
@@ -210,10 +218,10 @@ void draw_cache(Rng& rng, Config& c, const CaseLimits& limits) {
   if (c.batch_idx) rng.shuffle(c.rows);
   c.rows.resize(c.batch);
 
-  c.paged = limits.awkward || rng.chance(0.5);
+  c.paged = limits.awkward || rng.chance(limits.mla ? 0.85 : 0.5);
   const int64_t per_slot = int64_t{c.heads_k} * (c.headdim + c.headdim_v);
   if (c.paged) {
-    c.page_size = limits.awkward ? rng.pick({1, 3}) : rng.pick({1, 3, 16, 16, 64, 256});
+    c.page_size = limits.awkward ? rng.pick({1, 3}) : limits.mla ? rng.pick({1, 16, 64}) : rng.pick({1, 3, 16, 16, 64, 256});
     // A smaller page when the largest would not fit the memory bound, or (full-capacity
     // sequences) would make every sequence, hence the work, much longer than drawn.
     while (c.page_size > 1 &&
@@ -297,18 +305,19 @@ void draw_attention(Rng& rng, Config& c) {
 bool draw_fp8_cache(uint64_t seed, DType dtype, const CaseLimits& limits) {
   const bool sixteen_bit = dtype == DType::f16 || dtype == DType::bf16;
   Rng own(seed ^ 0x5eed0f8ca5e5ull);
-  return sixteen_bit && limits.headdims.empty() && own.chance(0.2);
+  return sixteen_bit && limits.headdims.empty() && !limits.mla && own.chance(0.2);
 }
 
 Config draw_config(Rng& rng, uint64_t seed, const CaseLimits& limits) {
   Config c;
   const double r = rng.real();
   c.dtype = r < 0.15 ? DType::f32 : r < 0.4 ? DType::f16 : r < 0.8 ? DType::bf16 : DType::e4m3;
+  if (limits.mla) c.dtype = r < 0.5 ? DType::bf16 : DType::f16;
   c.cache_dtype = draw_fp8_cache(seed, c.dtype, limits) ? DType::e4m3 : c.dtype;
   const int heads_choice = limits.awkward ? 3 : rng.uniform(0, 4);
   const int heads[][2] = {{1, 1}, {8, 1}, {32, 8}, {63, 7}, {4, 2}};
-  c.heads = heads[heads_choice][0];
-  c.heads_k = heads[heads_choice][1];
+  c.heads = limits.mla ? (heads_choice < 3 ? 16 : 128) : heads[heads_choice][0];
+  c.heads_k = limits.mla ? 1 : heads[heads_choice][1];
   draw_dims(rng, c, limits);
   c.batch = limits.awkward ? limits.max_batch : rng.chance(0.5) ? rng.uniform(1, std::min(4, limits.max_batch)) : rng.uniform(1, limits.max_batch);
   draw_lengths(rng, c, limits);

@@ -33,6 +33,11 @@ struct CaseLimits {
   // at least this many query rows per sequence (varlen: per non-empty sequence).
   std::vector<int> headdims;
   int min_seqlen_q = 1;
+  // MLA draws (the GPU runner's mla subset), SGLang's FA3 shape: fp16 / bf16, d 64 (q, k_cache:
+  // the rotary part) and d_v 512 (v_cache: the latent cache), mostly with qv (the absorbed
+  // query; only_qv, q absent and k_cache absent among them), one KV head and 16 or 128 query
+  // heads, a paged cache of pages of 1, 16 or 64 in most cases.
+  bool mla = false;
 };
 
 class Case {

@@ -95,6 +95,7 @@ TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
       call.has_leftpad = p.args.cache_leftpad.has_value();
       call.one_split = core::family_inputs(key).one_split;
       call.sm90_enabled = true;  // the planner's split rule decides it
+      call.has_qv = p.has_qv;
       EXPECT_EQ(plan.kernel, core::choose_kernel(call));
       if (plan.kernel.family == KernelFamily::sm90) {
         ++sm90;
@@ -125,18 +126,30 @@ TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
   EXPECT_GT(kernels.size(), 30u);  // every shape over several instantiations was reached
 }
 
-// Every head-dim pair the CUDA backend accepts has its instantiation, in both 16-bit dtypes.
+// Every head-dim pair the CUDA backend accepts has its instantiation, in both 16-bit dtypes: d
+// and d_v up to 256, d_v up to 512 with d <= 64 (the contract's MLA pairs), and qv's calls (d <=
+// 64 or no q, d_v 256..512), which all run the (64, 512) kernels.
 TEST(KernelFamily, EverySupportedHeadDimHasAnInstantiation) {
-  for (int d = 8; d <= core::kCudaMaxHeadDim; d += core::kCudaHeadDimMultiple) {
-    for (int dv = 8; dv <= core::kCudaMaxHeadDim; dv += core::kCudaHeadDimMultiple) {
-      for (DType dtype : {bf16, f16}) {
-        for (int64_t rows : {1, 9, 16, 17, 4096}) {
-          const KernelChoice k = core::choose_kernel(core::FamilyInputs{90, true, d, dv, rows});
-          EXPECT_TRUE(in_table(k, dtype)) << d << " x " << dv;
+  int pairs = 0;
+  for (int d = 0; d <= core::kCudaMaxHeadDim; d += core::kCudaHeadDimMultiple) {
+    for (int dv = 8; dv <= core::kCudaMaxHeadDimV; dv += core::kCudaHeadDimMultiple) {
+      for (bool qv : {false, true}) {
+        const bool mla = d <= 64 && dv >= 256;
+        if ((d == 0 && !qv) || (dv > 256 && d > 64) || (qv && !mla)) continue;
+        ++pairs;
+        for (DType dtype : {bf16, f16}) {
+          for (int64_t rows : {1, 9, 16, 17, 4096}) {
+            core::FamilyInputs in{90, true, d, dv, rows};
+            in.has_qv = qv;
+            const KernelChoice k = core::choose_kernel(in);
+            EXPECT_TRUE(in_table(k, dtype)) << d << " x " << dv << (qv ? " qv" : "");
+            if (qv || dv > 256) EXPECT_EQ(k.headdim_v, 512) << d << " x " << dv;
+          }
         }
       }
     }
   }
+  EXPECT_EQ(pairs, 32 * 32 + 8 * 32 + 9 * 33);
 }
 
 // Calls the sm90 family takes, one condition changed at a time.
@@ -316,13 +329,15 @@ TEST(CudaParams, SplitPartialsAndCombine) {
   EXPECT_EQ(cp.lse, nullptr);
   EXPECT_NO_THROW(cuda::check_combine(cp));
   cuda::CombineParams wide = cp;
-  wide.headdim_v = 512;
+  wide.headdim_v = 512;  // MLA's
+  EXPECT_NO_THROW(cuda::check_combine(wide));
+  wide.headdim_v = 520;
   try {
     cuda::check_combine(wide);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "out_partial");
-    EXPECT_NE(std::string(e.what()).find("combine of head dims above 256"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("combine of head dims above 512"), std::string::npos);
   }
 }
 
@@ -394,6 +409,99 @@ TEST(CudaParams, RejectedCallIsRefusedBeforeTheFirstKernel) {
   batch.attention.split_work = reinterpret_cast<const cuda::SplitWork*>(workspace.data());
   batch.attention.num_split_work = 1;
   expect_refused(batch, plan, "q", "a batch above 65535 with new k / v or rotary");
+}
+
+// An MLA call (SGLang's FA3 backend): q and k_cache the rotary part (d 64), v_cache the latent
+// cache and qv the absorbed query (d_v 512), `heads` query heads on one KV head, pages of 16.
+struct MlaCall {
+  std::vector<uint16_t> q, qv, k_cache, v_cache, out;
+  std::vector<int32_t> page_table;
+  std::vector<float> lse;
+  KvCacheArgs args;
+  Outputs outputs;
+
+  MlaCall(int b, int s_q, int h) {
+    const int d = 64, dv = 512, pages = 4 * b, page = 16;
+    q.resize(size_t(b) * s_q * h * d), qv.resize(size_t(b) * s_q * h * dv), out.resize(qv.size());
+    k_cache.resize(size_t(pages) * page * d), v_cache.resize(size_t(pages) * page * dv);
+    page_table.resize(size_t(pages)), lse.resize(size_t(b) * h * s_q);
+    for (size_t i = 0; i < page_table.size(); ++i) page_table[i] = int32_t(i);
+    args.q = TensorView::contiguous(q.data(), DType::bf16, {b, s_q, h, d});
+    args.qv = TensorView::contiguous(qv.data(), DType::bf16, {b, s_q, h, dv});
+    args.k_cache = TensorView::contiguous(k_cache.data(), DType::bf16, {pages, page, 1, d});
+    args.v_cache = TensorView::contiguous(v_cache.data(), DType::bf16, {pages, page, 1, dv});
+    args.page_table = TensorView::contiguous(page_table.data(), DType::i32, {b, 4});
+    args.cache_seqlens_value = 60;
+    outputs.out = TensorView::contiguous(out.data(), DType::bf16, {b, s_q, h, dv});
+    outputs.softmax_lse = TensorView::contiguous(lse.data(), DType::f32, {b, h, s_q});
+  }
+
+  core::Problem problem(int arch = 90) const {
+    validate(args);
+    core::Problem p = core::resolve(args);
+    p.key = core::plan_key(p, core::DeviceInfo{132, arch});
+    return p;
+  }
+};
+
+// qv adds qv.v to the scores through the (64, 512) kernels; only_qv drops q.k: the kernels see
+// head dim 0 and read neither q nor K (without k_cache, K's addressing is V's, so every address
+// they form stays inside a tensor).
+TEST(CudaParams, QvAndOnlyQv) {
+  MlaCall call(2, 1, 16);
+  const core::Problem p = call.problem();
+  EXPECT_NO_THROW(cuda::check_supported(p, call.outputs));
+  const Plan plan = core::make_plan(p);
+  EXPECT_EQ(plan.kernel, (KernelChoice{KernelFamily::sm80, KernelShape::decode_8, 64, 512}));
+  const cuda::CallParams qv = cuda::call_params(p, plan, call.outputs, nullptr);
+  EXPECT_EQ(qv.attention.headdim, 64);
+  EXPECT_EQ(qv.attention.q.data, call.q.data());
+  EXPECT_EQ(qv.attention.qv.data, call.qv.data());
+  EXPECT_EQ(qv.attention.qv.head_stride, 512);
+  EXPECT_EQ(qv.attention.qv.token_stride, 16 * 512);
+  EXPECT_EQ(qv.attention.cache.k, call.k_cache.data());
+
+  call.args.only_qv = true;  // q and k_cache given, ignored
+  const cuda::CallParams ignored = cuda::call_params(call.problem(), plan, call.outputs, nullptr);
+  EXPECT_EQ(ignored.attention.headdim, 0);
+  EXPECT_EQ(ignored.attention.q.data, call.qv.data());
+  EXPECT_EQ(ignored.attention.cache.k, call.k_cache.data());
+
+  call.args.q.reset();
+  call.args.k_cache.reset();
+  const core::Problem alone = call.problem();
+  EXPECT_NO_THROW(cuda::check_supported(alone, call.outputs));
+  EXPECT_EQ(core::make_plan(alone).kernel.headdim_v, 512);
+  const cuda::CallParams absent = cuda::call_params(alone, core::make_plan(alone), call.outputs, nullptr);
+  EXPECT_EQ(absent.attention.headdim, 0);
+  EXPECT_EQ(absent.attention.cache.k, call.v_cache.data());
+  EXPECT_EQ(absent.attention.cache.k_row_stride, absent.attention.cache.v_row_stride);
+  EXPECT_EQ(absent.attention.cache.k_pos_stride, 512);
+}
+
+// The d_v 512 prefill CTA takes 151 KB of shared memory: refused where a CTA may have less
+// (sm_86, sm_89, sm_120: 99 KB); its decode kernel (83 KB) runs on every sm80+ GPU.
+TEST(CudaParams, MlaPrefillNeedsLargeSharedMemory) {
+  MlaCall prefill(1, 4, 16);  // 64 packed query rows
+  for (int arch : {80, 87, 90, 100, 103}) {
+    const core::Problem p = prefill.problem(arch);
+    const Plan plan = core::make_plan(p);
+    ASSERT_EQ(plan.kernel.shape, KernelShape::prefill) << arch;
+    EXPECT_NO_THROW(cuda::check_launchable(cuda::call_params(p, plan, prefill.outputs, nullptr), plan)) << arch;
+  }
+  for (int arch : {86, 89, 120}) {
+    const core::Problem p = prefill.problem(arch);
+    const Plan plan = core::make_plan(p);
+    expect_refused(cuda::call_params(p, plan, prefill.outputs, nullptr), plan, "q",
+                   "head dim 512 of V (MLA) with more than 16 query rows per KV head needs 151 KB of shared memory "
+                   "per CTA (sm_80, sm_87, sm_90, sm_100, sm_103); sm_" + std::to_string(arch) +
+                       " is not supported on CUDA yet");
+    MlaCall decode(2, 1, 16);
+    const core::Problem dp = decode.problem(arch);
+    const Plan decode_plan = core::make_plan(dp);
+    EXPECT_NE(decode_plan.kernel.shape, KernelShape::prefill);
+    EXPECT_NO_THROW(cuda::check_launchable(cuda::call_params(dp, decode_plan, decode.outputs, nullptr), decode_plan));
+  }
 }
 
 }  // namespace

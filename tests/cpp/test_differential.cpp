@@ -258,6 +258,28 @@ TEST(Differential, Fp8CacheUnder16BitQueryMatchesOracle) {
   EXPECT_EQ(failed_fp8_cache_cases(6000000, 25, awkward), 0) << "[KVFLASH_DIFF_AWKWARD=1]";
 }
 
+// The MLA draws (CaseLimits::mla, the GPU runner's mla subset) are valid calls the CPU backend
+// gets right, and reach every MLA form: qv, only_qv with q or k_cache absent, 16 and 128 query
+// heads on one KV head, each page size.
+TEST(Differential, MlaCasesMatchOracle) {
+  CaseLimits limits;
+  limits.mla = true;
+  Coverage coverage;
+  int failed = 0;
+  for (uint64_t seed = 7000000; seed < 7000000 + 60; ++seed) {
+    const Case c = make_random_case(seed, limits);
+    coverage.add(c.features);
+    const std::string failure = check_case(c);
+    if (!failure.empty() && ++failed <= 5) ADD_FAILURE() << failure;
+  }
+  EXPECT_EQ(failed, 0);
+  for (const char* tag : {"qv", "only_qv", "q_absent", "k_cache_absent", "heads=16/1", "heads=128/1",
+                          "page_size=1", "page_size=16", "page_size=64", "dtype=bf16", "dtype=f16"}) {
+    EXPECT_GT(coverage.counts[tag], 0) << "no MLA case exercises " << tag;
+  }
+  EXPECT_EQ(coverage.counts["dtype=e4m3"] + coverage.counts["dtype=f32"], 0);
+}
+
 std::vector<unsigned char> cache_bytes(const Case& c) {
   std::vector<unsigned char> bytes;
   auto append = [&](const OptTensor& view, size_t size) {

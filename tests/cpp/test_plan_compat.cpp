@@ -88,8 +88,10 @@ Problem cpu_short_keys() { return cpu_call_with([](Problem& p) { p.seqlen_k = 51
 Problem cpu_one_row() { return cpu_call_with([](Problem& p) { p.seqlen_q = 1, p.total_q = 2; }); }
 Problem cpu_local() { return cpu_call_with([](Problem& p) { p.args.window_left = 16; }); }
 Problem cpu_four_splits() { return cpu_call_with([](Problem& p) { p.args.num_splits = 4; }); }
+// MLA's head dims (d 64, d_v 512): the tiles a call with qv has too.
+Problem cpu_mla() { return cpu_call_with([](Problem& p) { p.headdim_v = 512; }); }
 
-// Both sides of every PlanKey field (has_qv feeds no decision, so it has no refusing side).
+// Both sides of every PlanKey field.
 const Case kCases[] = {
     {"batch", cpu_call, [](PlanKey& k) { k.batch = 3; }, "batch (plan made for 3, call has 2)"},
     {"max_seqlen_q", cpu_call, [](PlanKey& k) { k.max_seqlen_q = 8; }, nullptr},
@@ -124,8 +126,9 @@ const Case kCases[] = {
     {"attention_chunk", cpu_call, [](PlanKey& k) { k.attention_chunk = 64; }, "num_splits"},
     {"has_softcap", cpu_call, [](PlanKey& k) { k.has_softcap = true; }, nullptr},
     {"has_softcap", hopper_fp8_local_call, [](PlanKey& k) { k.has_softcap = true; }, nullptr},  // no decision changes: see kGpuFamilies
-    {"has_qv", cpu_call, [](PlanKey& k) { k.has_qv = true; }, nullptr},
-    {"has_qv", hopper_call, [](PlanKey& k) { k.has_qv = true; }, nullptr},
+    {"has_qv", cpu_mla, [](PlanKey& k) { k.has_qv = true; }, nullptr},  // qv runs the d_v 512 tiles
+    {"has_qv", cpu_call, [](PlanKey& k) { k.has_qv = true; }, "block_m"},
+    {"has_qv", hopper_call, [](PlanKey& k) { k.has_qv = true; }, "block_m"},  // the sm80 (64, 512) kernels
     {"num_splits", cpu_call, [](PlanKey& k) { k.num_splits = 4; }, nullptr},
     {"num_splits", cpu_call, [](PlanKey& k) { k.num_splits = 2; }, "num_splits"},
     {"pack_gqa", cpu_call, [](PlanKey& k) { k.pack_gqa = 0; }, nullptr},
@@ -175,7 +178,7 @@ TEST(PlanCompatibility, EveryFieldHasACase) {
       (c.refused_decision ? refused : accepted) = true;
     }
     // Fields that feed no static decision of today's families (kGpuFamilies): accepted only.
-    const std::set<std::string> accept_only = {"has_qv", "dtype", "page_size", "max_seqlen_k_new",
+    const std::set<std::string> accept_only = {"dtype", "page_size", "max_seqlen_k_new",
                                                "varlen_q", "has_leftpad", "has_softcap",
                                                "pack_gqa", "arch"};
     EXPECT_TRUE(refused || accept_only.count(field)) << field;

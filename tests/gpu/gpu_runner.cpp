@@ -7,7 +7,9 @@
 //                                                     that split KV / use the prefill tile shape
 //                                                     (for the sanitizers' subsets); sm90 draws
 //                                                     prefill shapes and keeps the calls the
-//                                                     Hopper prefill family takes
+//                                                     Hopper prefill family takes; mla draws
+//                                                     MLA shapes (d 64 / d_v 512, qv, only_qv,
+//                                                     1 KV head, 16 or 128 query heads)
 //   kvflash_gpu_runner sm90bench [small]              the sm90 family's rungs timed (sm90_bench.cpp;
 //                                                     small: once each on small shapes, untimed)
 //   kvflash_gpu_runner graph                          capture a decode step, replay with new lengths
@@ -65,10 +67,12 @@ struct Tally {
 bool in_subset(const std::string& only, const KvCacheArgs& a, const KvCacheArgs& dev, int splits) {
   if (only.empty()) return true;
   if (only == "split") return splits > 1;
+  if (only == "mla") return true;  // drawn as such (run_random)
   if (only == "sm90") return make_plan(dev).kernel.family == KernelFamily::sm90;
   if (only == "prefill") {  // more than 16 packed query rows: the prefill tile shape
-    const int64_t rows_per_seq = a.cu_seqlens_q ? a.max_seqlen_q.value_or(0) : a.q->size(1);
-    return rows_per_seq * (a.q->size(-2) / a.k_cache->size(-2)) > 16;
+    const TensorView& query = a.q ? *a.q : *a.qv;
+    const int64_t rows_per_seq = a.cu_seqlens_q ? a.max_seqlen_q.value_or(0) : query.size(1);
+    return rows_per_seq * (query.size(-2) / a.v_cache->size(-2)) > 16;
   }
   return false;
 }
@@ -81,6 +85,7 @@ int run_random(int count, uint64_t first_seed, const std::string& only) {
   const bool trace = std::getenv("KVFLASH_RUNNER_TRACE") != nullptr;
   oracle::CaseLimits limits;
   if (only == "sm90") limits.headdims = {64, 128, 256}, limits.min_seqlen_q = 64, limits.max_seqlen_q = 512;
+  if (only == "mla") limits.mla = true, limits.max_work *= 4;  // 128 heads x 1088 MACs per key
   for (uint64_t seed = first_seed; tally.passed + tally.failed < count && seed < first_seed + 20 * count; ++seed) {
     oracle::Case c = oracle::make_random_case(seed, limits);
     if (!cuda_supports(c.args)) {
@@ -119,7 +124,7 @@ int run_random(int count, uint64_t first_seed, const std::string& only) {
         flash_attn_with_kvcache(dev, dev_out);
         check(cudaDeviceSynchronize(), "flash_attn_with_kvcache");
         download_outputs(host_out.outputs, dev_out);
-        DeviceMirror::download(*c.args.k_cache, *dev.k_cache);
+        if (c.args.k_cache) DeviceMirror::download(*c.args.k_cache, *dev.k_cache);
         DeviceMirror::download(*c.args.v_cache, *dev.v_cache);
       } catch (const Error& e) {
         error = std::string(error_kind_name(e.kind())) + " (" + e.argument() + "): " + e.what();
@@ -181,6 +186,6 @@ int main(int argc, char** argv) {
   if (mode == "badinput") return run_bad_input();
   if (mode == "bitwise") return run_bitwise(argc > 2 ? std::atoi(argv[2]) : 200);
   if (mode == "streams") return run_streams(argc > 2 ? std::atoi(argv[2]) : 100);
-  std::fprintf(stderr, "usage: %s random <count> [first_seed] [split|prefill|sm90] | graph | combine | bench [case] | sm90bench [small] | badinput | bitwise [count] | streams [count]\n", argv[0]);
+  std::fprintf(stderr, "usage: %s random <count> [first_seed] [split|prefill|sm90|mla] | graph | combine | bench [case] | sm90bench [small] | badinput | bitwise [count] | streams [count]\n", argv[0]);
   return 2;
 }

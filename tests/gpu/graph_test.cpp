@@ -2,7 +2,8 @@
 // combine on the device) is captured once with a Plan and a workspace, then replayed for several
 // steps with new cache_seqlens, page tables, q, k, v and cache contents written into the same
 // device buffers. Every replay must match the oracle, and the same call run eagerly on the step's
-// inputs must give the replay's bytes (out, LSE, both caches).
+// inputs must give the replay's bytes (out, LSE, both caches). Two shapes: GQA (8 / 2 heads,
+// d 128) and MLA (16 heads on one KV head, d 64, d_v 512, qv).
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -20,9 +21,21 @@
 namespace kvflash::gpu_test {
 namespace {
 
-constexpr int kBatch = 5, kHeads = 8, kHeadsK = 2, kDim = 128, kPageSize = 16, kPagesPerSeq = 24;
+constexpr int kBatch = 5, kPageSize = 16, kPagesPerSeq = 24;
 constexpr int kNumPages = kBatch * kPagesPerSeq + 7;
 constexpr int kSteps = 6;
+
+struct GraphShape {
+  const char* name;
+  int heads, heads_k, dim, dim_v;
+  bool qv;
+};
+constexpr GraphShape kShapes[] = {{"gqa d 128", 8, 2, 128, 128, false}, {"mla d 64 / 512 qv", 16, 1, 64, 512, true}};
+
+// The tensors a step refreshes and the graph reads.
+constexpr OptTensor KvCacheArgs::*kInputs[] = {&KvCacheArgs::q,       &KvCacheArgs::k,       &KvCacheArgs::v,
+                                               &KvCacheArgs::qv,      &KvCacheArgs::k_cache, &KvCacheArgs::v_cache,
+                                               &KvCacheArgs::page_table, &KvCacheArgs::cache_seqlens};
 
 uint16_t bf16_bits(float f) {
   uint32_t u;
@@ -41,7 +54,9 @@ void fill_bf16(const TensorView& t, std::mt19937& rng) {
 // New lengths, a fresh page permutation and fresh contents for every input of one step.
 void next_step(oracle::Case& c, std::mt19937& rng) {
   const KvCacheArgs& a = c.args;
-  for (const OptTensor* t : {&a.q, &a.k, &a.v, &a.k_cache, &a.v_cache}) fill_bf16(**t, rng);
+  for (const OptTensor* t : {&a.q, &a.k, &a.v, &a.qv, &a.k_cache, &a.v_cache}) {
+    if (*t) fill_bf16(**t, rng);
+  }
   std::vector<int32_t> pages(kNumPages);
   std::iota(pages.begin(), pages.end(), 0);
   std::shuffle(pages.begin(), pages.end(), rng);
@@ -62,16 +77,16 @@ std::vector<std::vector<char>> host_bytes(std::initializer_list<const TensorView
   return all;
 }
 
-}  // namespace
-
-int run_graph() {
+// Failed replays of one shape, or eager runs differing from them (-1: the capture failed).
+int run_graph_shape(const GraphShape& s) {
   oracle::Case c;
   KvCacheArgs& a = c.args;
-  a.q = c.allocate(DType::bf16, {kBatch, 1, kHeads, kDim}, {}, true);
-  a.k = c.allocate(DType::bf16, {kBatch, 1, kHeadsK, kDim}, {}, true);
-  a.v = c.allocate(DType::bf16, {kBatch, 1, kHeadsK, kDim}, {}, true);
-  a.k_cache = c.allocate(DType::bf16, {kNumPages, kPageSize, kHeadsK, kDim}, {}, false);
-  a.v_cache = c.allocate(DType::bf16, {kNumPages, kPageSize, kHeadsK, kDim}, {}, false);
+  a.q = c.allocate(DType::bf16, {kBatch, 1, s.heads, s.dim}, {}, true);
+  if (s.qv) a.qv = c.allocate(DType::bf16, {kBatch, 1, s.heads, s.dim_v}, {}, true);
+  a.k = c.allocate(DType::bf16, {kBatch, 1, s.heads_k, s.dim}, {}, true);
+  a.v = c.allocate(DType::bf16, {kBatch, 1, s.heads_k, s.dim_v}, {}, true);
+  a.k_cache = c.allocate(DType::bf16, {kNumPages, kPageSize, s.heads_k, s.dim}, {}, false);
+  a.v_cache = c.allocate(DType::bf16, {kNumPages, kPageSize, s.heads_k, s.dim_v}, {}, false);
   a.page_table = c.allocate(DType::i32, {kBatch, kPagesPerSeq}, {}, true);
   a.cache_seqlens = c.allocate(DType::i32, {kBatch}, {}, true);
   a.causal = true;
@@ -81,10 +96,7 @@ int run_graph() {
 
   DeviceMirror mirror;
   KvCacheArgs dev = a;
-  for (OptTensor KvCacheArgs::*f : {&KvCacheArgs::q, &KvCacheArgs::k, &KvCacheArgs::v, &KvCacheArgs::k_cache,
-                                    &KvCacheArgs::v_cache, &KvCacheArgs::page_table, &KvCacheArgs::cache_seqlens}) {
-    dev.*f = mirror.upload(a.*f);
-  }
+  for (OptTensor KvCacheArgs::*f : kInputs) dev.*f = mirror.upload(a.*f);
   const Plan plan = make_plan(dev);
   dev.plan = &plan;
   const OutputSpec spec = output_spec(dev, &plan);
@@ -107,9 +119,9 @@ int run_graph() {
   try {
     flash_attn_with_kvcache(dev, dev_out, options);
   } catch (const Error& e) {
-    std::printf("graph: the call threw during capture: %s\n", e.what());
+    std::printf("graph %s: the call threw during capture: %s\n", s.name, e.what());
     cudaStreamEndCapture(stream, &graph);
-    return 1;
+    return -1;
   }
   check(cudaStreamEndCapture(stream, &graph), "end capture");
   check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
@@ -119,9 +131,8 @@ int run_graph() {
   const std::vector<char> nan_out = host_bytes({&host_out.outputs.out})[0];
   const auto upload_step = [&] {
     std::memcpy(host_out.outputs.out.data, nan_out.data(), nan_out.size());
-    for (OptTensor KvCacheArgs::*f : {&KvCacheArgs::q, &KvCacheArgs::k, &KvCacheArgs::v, &KvCacheArgs::k_cache,
-                                      &KvCacheArgs::v_cache, &KvCacheArgs::page_table, &KvCacheArgs::cache_seqlens}) {
-      DeviceMirror::reupload(*(a.*f), *(dev.*f));
+    for (OptTensor KvCacheArgs::*f : kInputs) {
+      if (a.*f) DeviceMirror::reupload(*(a.*f), *(dev.*f));
     }
     DeviceMirror::reupload(host_out.outputs.out, dev_out.out);
   };
@@ -143,7 +154,7 @@ int run_graph() {
     const oracle::Comparison cmp = oracle::compare(c, ref, host_out.outputs);
     if (!cmp.ok) {
       ++failures;
-      std::printf("graph step %d FAIL: %s\n", step, cmp.first_failure.c_str());
+      std::printf("graph %s step %d FAIL: %s\n", s.name, step, cmp.first_failure.c_str());
     }
     // The same step eagerly, from the caches as they were before it.
     c.restore_cache();
@@ -151,18 +162,25 @@ int run_graph() {
     flash_attn_with_kvcache(dev, dev_out, options);
     if (download_step() != replayed) {
       ++eager_differs;
-      std::printf("graph step %d FAIL: the eager call's bytes differ from the replay's\n", step);
+      std::printf("graph %s step %d FAIL: the eager call's bytes differ from the replay's\n", s.name, step);
     }
   }
-  std::printf("graph: %d of %d replays match the oracle (batch %d, page %d, %d splits, append + causal); "
+  std::printf("graph %s: %d of %d replays match the oracle (batch %d, page %d, %d splits, append + causal); "
               "eager runs of the same steps bitwise equal to the replays: %d of %d\n",
-              kSteps - failures, kSteps, kBatch, kPageSize, plan.num_splits, kSteps - eager_differs, kSteps);
-  failures += eager_differs;
+              s.name, kSteps - failures, kSteps, kBatch, kPageSize, plan.num_splits, kSteps - eager_differs, kSteps);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaFree(ws);
   cudaStreamDestroy(stream);
-  return failures == 0 ? 0 : 1;
+  return failures + eager_differs;
+}
+
+}  // namespace
+
+int run_graph() {
+  bool ok = true;
+  for (const GraphShape& s : kShapes) ok = run_graph_shape(s) == 0 && ok;
+  return ok ? 0 : 1;
 }
 
 }  // namespace kvflash::gpu_test

@@ -59,6 +59,17 @@ __device__ __forceinline__ core::KeyRange cta_keys(const AttentionParams& p, con
   return core::KeyRange{max(first.lo, split.lo), min(last.hi, split.hi)};
 }
 
+// Packed row idx (query index idx / group, head hk * group + idx % group) of the column's
+// sequence in a (batch, token, head) tensor: q or qv.
+template <class Elem>
+__device__ __forceinline__ const Elem* packed_row(const RowLayout& t, const AttentionParams& p, const CtaColumn& c,
+                                                  int hk, int idx) {
+  const int i = idx / p.group;
+  const int64_t batch = p.len.cu_seqlens_q.data ? 0 : int64_t(c.b) * t.batch_stride;
+  return static_cast<const Elem*>(t.data) + batch + int64_t(c.seq.q_offset + i) * t.token_stride +
+         (hk * p.group + (idx - i * p.group)) * t.head_stride;
+}
+
 // Does the split add the sinks' term? (split 0 only, so the combine counts it once.)
 __device__ __forceinline__ bool adds_sink(const AttentionParams& p, const CtaColumn& c) {
   return (p.sinks_f32 || p.sinks_bf16) && c.split == 0;

@@ -74,7 +74,8 @@ struct alignas(8) SplitWork {
 struct AttentionParams {
   LengthParams len;
   CacheParams cache;
-  RowLayout q;             // q, or the rotated copy in the workspace
+  RowLayout q;             // q, or the rotated copy in the workspace (unread when headdim is 0)
+  RowLayout qv;            // qv, d_v wide: scores add qv.v (data nullptr: no qv)
   RowLayout out;
   float* lse = nullptr;    // softmax_lse or nullptr
   int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_token_stride = 0;
@@ -85,7 +86,8 @@ struct AttentionParams {
   int64_t lp_split_stride = 0, lp_batch_stride = 0, lp_token_stride = 0, lp_head_stride = 0;
 
   int num_heads = 0, num_heads_k = 0, group = 1;
-  int headdim = 0, headdim_v = 0;  // actual (the kernel's are rounded up)
+  // Actual (the kernels' are rounded up). headdim 0: no q.k term (only_qv), q and K are not read.
+  int headdim = 0, headdim_v = 0;
   float softmax_scale = 1.0f;
   float softcap = 0.0f;
   int window_left = -1, window_right = -1, attention_chunk = 0;

@@ -57,11 +57,13 @@ LengthParams length_params(const core::Problem& p) {
   return l;
 }
 
+// Without k_cache (only_qv) the K addressing is V's: the kernels then read no K element
+// (AttentionParams::headdim 0) but every address they form stays inside a tensor.
 CacheParams cache_params(const core::Problem& p) {
   const KvCacheArgs& a = p.args;
   CacheParams c;
-  const TensorView& k = *a.k_cache;
   const TensorView& v = *a.v_cache;
+  const TensorView& k = a.k_cache ? *a.k_cache : v;
   c.k = k.data;
   c.v = v.data;
   c.k_row_stride = k.stride(0), c.k_pos_stride = k.stride(1), c.k_head_stride = k.stride(2);
@@ -96,13 +98,18 @@ RowLayout row_layout(const TensorView& t, bool varlen) {
   return RowLayout{t.data, t.stride(0), t.stride(1), t.stride(2)};
 }
 
+// Whether the scores have the q.k term (q may be absent, or ignored with only_qv: spec 3).
+bool uses_qk(const core::Problem& p) { return p.has_q && p.has_k && !p.only_qv; }
+
 AttentionParams attention_params(const core::Problem& p, const Plan& plan, const Outputs& outputs,
                                  const LengthParams& len, const CacheParams& cache) {
   const KvCacheArgs& a = p.args;
   AttentionParams at;
   at.len = len;
   at.cache = cache;
-  at.q = row_layout(*a.q, p.varlen_q);
+  // Without q.k the query rows are qv's (q may be absent): never read, headdim 0.
+  at.q = row_layout(uses_qk(p) ? *a.q : *a.qv, p.varlen_q);
+  if (a.qv) at.qv = row_layout(*a.qv, p.varlen_q);
   at.out = row_layout(outputs.out, p.varlen_q);
   if (outputs.softmax_lse) {
     const TensorView& l = *outputs.softmax_lse;  // (b, h, s_q) | (h, total_q)
@@ -111,7 +118,7 @@ AttentionParams attention_params(const core::Problem& p, const Plan& plan, const
     else at.lse_batch_stride = l.stride(0), at.lse_head_stride = l.stride(1), at.lse_token_stride = l.stride(2);
   }
   at.num_heads = p.num_heads, at.num_heads_k = p.num_heads_k, at.group = p.group;
-  at.headdim = p.headdim, at.headdim_v = p.headdim_v;
+  at.headdim = uses_qk(p) ? p.headdim : 0, at.headdim_v = p.headdim_v;
   at.softmax_scale = p.softmax_scale, at.softcap = p.softcap;
   at.window_left = p.window_left, at.window_right = p.window_right;
   at.attention_chunk = p.attention_chunk;
@@ -239,7 +246,7 @@ CallParams call_params(const core::Problem& p, const Plan& plan, const Outputs& 
 
   AttentionParams& at = call.attention;
   at = attention_params(p, plan, outputs, len, cache);
-  if (p.rotary_dim > 0) {
+  if (p.rotary_dim > 0 && uses_qk(p)) {  // a q the scores ignore is not rotated
     RotateQParams& rq = call.rotate_q_params;
     call.rotate_q = true;
     rq.len = len;
@@ -314,18 +321,15 @@ int rows_per_cta(const Plan& plan) {
 void check_supported(const core::Problem& p, const Outputs& outputs) {
   if (p.fp8) unsupported("q", "fp8 (e4m3) inputs are");
   if (p.fp8_cache) unsupported("k_cache", "a 16-bit query over an fp8 (e4m3) KV cache is");
-  if (p.has_qv || p.only_qv) unsupported("qv", "qv / only_qv is");
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) {
     unsupported("q", std::string("dtype ") + dtype_name(p.dtype) + " is");
-  }
-  if (p.headdim > core::kCudaMaxHeadDim || p.headdim_v > core::kCudaMaxHeadDim) {
-    unsupported("v_cache", "head dim above 256 is");
   }
   if (p.headdim % core::kCudaHeadDimMultiple != 0 || p.headdim_v % core::kCudaHeadDimMultiple != 0) {
     unsupported("q", "head dims not a multiple of 8 are");
   }
   const KvCacheArgs& a = p.args;
   require_aligned_rows(a.q, "q");
+  require_aligned_rows(a.qv, "qv");
   require_aligned_rows(a.k_cache, "k_cache");
   require_aligned_rows(a.v_cache, "v_cache");
   require_aligned_rows(a.k, "k");
@@ -349,6 +353,16 @@ void check_launchable(const CallParams& call, const Plan& plan) {
     throw Error(ErrorKind::unsupported, "k_cache",
                 "more than 65535 KV heads are not supported on CUDA yet (got " + std::to_string(g.y) + ")");
   }
+  // The d_v 512 prefill CTA's shared memory (core/limits.h): refused on GPUs with less per CTA.
+  const int arch = plan.key.arch;
+  if (plan.kernel.shape == KernelShape::prefill && plan.kernel.headdim_v == 512 &&
+      core::cuda_max_smem_per_cta_kb(arch) < core::kCudaMla512PrefillSmemKB) {
+    throw Error(ErrorKind::unsupported, "q",
+                "head dim 512 of V (MLA) with more than 16 query rows per KV head needs " +
+                    std::to_string(core::kCudaMla512PrefillSmemKB) +
+                    " KB of shared memory per CTA (sm_80, sm_87, sm_90, sm_100, sm_103); sm_" +
+                    std::to_string(arch) + " is not supported on CUDA yet");
+  }
   const int64_t batch = call.attention.len.batch;
   if ((call.append || call.rotate_q) && batch > core::kCudaMaxGridYZ) {
     throw Error(ErrorKind::unsupported, "q",
@@ -358,7 +372,7 @@ void check_launchable(const CallParams& call, const Plan& plan) {
 }
 
 void check_combine(const CombineParams& p) {
-  if (p.headdim_v > core::kCudaMaxHeadDim) unsupported("out_partial", "combine of head dims above 256 is");
+  if (p.headdim_v > core::kCudaMaxHeadDimV) unsupported("out_partial", "combine of head dims above 512 is");
 }
 
 }  // namespace kvflash::cuda

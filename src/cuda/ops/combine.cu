@@ -24,9 +24,13 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 using core::kMaxSplits;
-constexpr int kMaxHeadDimV = core::kCudaMaxHeadDim;
-constexpr int kLaneChannels = kMaxHeadDimV / 32;
-constexpr int kBatch = 8;  // partial rows per warp per round
+// A kernel per bound on d_v: 256 (every head dim up to 256) and 512 (MLA). A warp holds kBatch
+// partial rows of kMaxDv / 32 channels per lane: 64 registers either way.
+template <int kMaxDv>
+struct RowShape {
+  static constexpr int kLaneChannels = kMaxDv / 32;
+  static constexpr int kBatch = 8 * 256 / kMaxDv;  // partial rows per warp per round
+};
 
 template <class Out>
 __device__ __forceinline__ void store(void* base, int64_t at, float v) {
@@ -49,9 +53,10 @@ __device__ float block_reduce(float v, bool is_max, float* scratch) {
 }
 
 // One output row (a, bb, c). Returns at once where the attention kernel wrote the row itself.
-template <class Out>
+template <class Out, int kMaxDv>
 __device__ __forceinline__ void combine_row(const CombineParams& p, int64_t row, float* scale,
-                                            float (*warp_out)[kMaxHeadDimV], float* scratch) {
+                                            float (*warp_out)[kMaxDv], float* scratch) {
+  constexpr int kLaneChannels = RowShape<kMaxDv>::kLaneChannels, kBatch = RowShape<kMaxDv>::kBatch;
   const int c = int(row % p.dim_c);
   const int bb = int((row / p.dim_c) % p.dim_b);
   const int a = int(row / (int64_t(p.dim_c) * p.dim_b));
@@ -152,15 +157,23 @@ __device__ __forceinline__ void combine_row(const CombineParams& p, int64_t row,
 // (Batched prefill with a split bound > 1 but one split per sequence launched 262k CTAs that
 // each exited at once: issue 13's regression.) The rows' shared memory reuse is ordered by the
 // block reductions' barriers.
-template <class Out>
+template <class Out, int kMaxDv>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p, int64_t rows, int rows_per_cta) {
   __shared__ float scale[kMaxSplits];
-  __shared__ float warp_out[kWarps][kMaxHeadDimV];
+  __shared__ float warp_out[kWarps][kMaxDv];
   __shared__ float scratch[kWarps];
   launch_dependents();  // the next attention call's CTAs may start (and wait) now
   const int64_t first = int64_t(blockIdx.x) * rows_per_cta;
   const int64_t last = first + rows_per_cta < rows ? first + rows_per_cta : rows;
-  for (int64_t row = first; row < last; ++row) combine_row<Out>(p, row, scale, warp_out, scratch);
+  for (int64_t row = first; row < last; ++row) combine_row<Out, kMaxDv>(p, row, scale, warp_out, scratch);
+}
+
+template <class Out>
+void launch_typed(const CombineParams& p, unsigned blocks, int64_t rows, int rows_per_cta, bool overlap_previous,
+                  cudaStream_t stream) {
+  static_assert(core::kCudaMaxHeadDimV == 512, "the widest kernel below");
+  auto* kernel = p.headdim_v <= 256 ? combine_kernel<Out, 256> : combine_kernel<Out, 512>;
+  launch_kernel(kernel, blocks, kThreads, 0, overlap_previous, stream, p, rows, rows_per_cta);
 }
 
 }  // namespace
@@ -173,16 +186,9 @@ void launch_combine(const CombineParams& p, ElemType out_type, bool overlap_prev
   const int rows_per_cta = rows < 65536 ? 1 : int(rows / 8192 < 32 ? rows / 8192 : 32);
   const unsigned blocks = unsigned((rows + rows_per_cta - 1) / rows_per_cta);
   switch (out_type) {
-    case ElemType::bf16:
-      launch_kernel(combine_kernel<__nv_bfloat16>, blocks, kThreads, 0, overlap_previous, stream, p, rows,
-                    rows_per_cta);
-      break;
-    case ElemType::f16:
-      launch_kernel(combine_kernel<__half>, blocks, kThreads, 0, overlap_previous, stream, p, rows, rows_per_cta);
-      break;
-    case ElemType::f32:
-      launch_kernel(combine_kernel<float>, blocks, kThreads, 0, overlap_previous, stream, p, rows, rows_per_cta);
-      break;
+    case ElemType::bf16: return launch_typed<__nv_bfloat16>(p, blocks, rows, rows_per_cta, overlap_previous, stream);
+    case ElemType::f16: return launch_typed<__half>(p, blocks, rows, rows_per_cta, overlap_previous, stream);
+    case ElemType::f32: return launch_typed<float>(p, blocks, rows, rows_per_cta, overlap_previous, stream);
   }
 }
 

@@ -10,6 +10,11 @@
 // w + kWarps, ...) through its own kStages shared-memory buffers, so no CTA barrier sits in the
 // loop; the warps' softmax states merge once, in the epilogue.
 //
+// With qv (MLA: d_v 512 instantiations only) the scores add V QV^T: the same A-operand walk over
+// the V buffer (non-transposed) as over K, QV^T's fragments from shared memory (8 rows x 512 dims
+// would take 64 registers per 8-row tile next to the 128 of the accumulators). Without q.k
+// (only_qv: headdim 0) K and q are neither read nor multiplied.
+//
 // Loads are cp.async with zero fill, as in the prefill kernel: rows outside the CTA's keys, at a
 // bad page id or past the real head dim are never read, and masked scores are -inf before the
 // exponent, so NaN in unused cache slots cannot reach the output.
@@ -57,9 +62,15 @@ struct DecodeTraits {
   static constexpr int kEpilogueBytes = kWarps * kRows * kOStride * 4;  // each warp's normalised O
   static constexpr int kBufferBytes = kLoopBytes > kEpilogueBytes ? kLoopBytes : kEpilogueBytes;
   static constexpr int kStatsBytes = (2 * kWarps + 1) * kRows * 4;  // per-warp max and sum, LSE
-  static constexpr int kSmemBytes = kBufferBytes + kStatsBytes;
+  // qv's rows, for the whole CTA (qv exists only with d_v >= 256: the d_v 512 kernels take it).
+  static constexpr bool kTakesQv = kHeadDimV == 512;
+  static constexpr int kQvStride = kHeadDimV + 8;
+  static constexpr int kQvBytes = kTakesQv ? kRows * kQvStride * int(sizeof(Elem)) : 0;
+  static constexpr int kSmemBytes = kBufferBytes + kStatsBytes + kQvBytes;
   // Three CTAs per SM at head dims up to 128 (72 KB of shared memory each; the portable split
-  // rule, core/split_rule.h, counts that many CTA slots per SM).
+  // rule, core/split_rule.h, counts that many CTA slots per SM). d 64 / d_v 512: 83 KB, within
+  // the 99 KB a CTA may have on every sm80+ GPU.
+  static_assert(kSmemBytes <= 99 * 1024, "fits every sm80+ GPU");
   static constexpr int kMinBlocks = kWidest <= 128 ? 3 : 1;
   static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0, "head dims are multiples of 16");
 };
@@ -114,15 +125,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
   // Q^T as the B operand, in registers for the whole CTA: row g of tile nt, dims 16 kk + 2t (+1)
   // and 16 kk + 2t + 8 (+1); zero past the sequence and past the real head dim.
   uint32_t q_frag[kRT][kKSteps][2];
-  const Elem* q_base = static_cast<const Elem*>(p.q.data);
-  const int64_t q_batch = p.len.cu_seqlens_q.data ? 0 : int64_t(start.col.b) * p.q.batch_stride;
 #pragma unroll
   for (int nt = 0; nt < kRT; ++nt) {
     const int idx = row0 + 8 * nt + g;
     const bool row_ok = idx < packed_rows;
-    const int i = idx / p.group;
-    const Elem* q_row = q_base + q_batch + int64_t(seq.q_offset + i) * p.q.token_stride +
-                        (hk * p.group + (idx - i * p.group)) * p.q.head_stride;
+    const Elem* q_row = packed_row<Elem>(p.q, p, start.col, hk, idx);
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
 #pragma unroll
@@ -131,6 +138,22 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
         q_frag[nt][kk][half] = row_ok && d < p.headdim ? *reinterpret_cast<const uint32_t*>(q_row + d) : 0u;
       }
     }
+  }
+
+  // qv's rows (zero past the sequence and past the real d_v) for every warp, before the loop.
+  const bool has_qv = T::kTakesQv && p.qv.data != nullptr;
+  Elem* sQv = reinterpret_cast<Elem*>(smem_raw + T::kBufferBytes + T::kStatsBytes);  // [kRows][kQvStride]
+  if (has_qv) {
+    constexpr int kChunks = T::kHeadDimV / 8;
+    for (int e = threadIdx.x; e < T::kRows * kChunks; e += T::kThreads) {
+      const int r = e / kChunks, c = e - r * kChunks;
+      const bool ok = row0 + r < packed_rows && c < p.headdim_v / 8;
+      const Elem* src = ok ? packed_row<Elem>(p.qv, p, start.col, hk, row0 + r) + c * 8 : nullptr;
+      cp_async_16(smem_addr(sQv + r * T::kQvStride + c * 8), ok ? src : p.qv.data, ok);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
   }
 
   // This warp's buffers: [kStages][kStepKeys][kKStride] K, then the same for V, then the K / V
@@ -198,6 +221,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
   // ((l / 8) % 2) * 8...
   const uint32_t k_lane = smem_addr(sK + ((lane % 8) + 8 * ((lane / 8) % 2)) * T::kKStride + 8 * (lane / 16));
   const uint32_t v_lane = smem_addr(sV + ((lane % 8) + 8 * (lane / 16)) * T::kVStride + 8 * ((lane / 8) % 2));
+  // With qv: V as the A operand of S^T (non-transposed, as K), and QV^T's B fragments, matrix
+  // l / 8 covering dims 8 (l / 8).. of rows l % 8: two K steps per ldmatrix.
+  const uint32_t v_scores_lane = smem_addr(sV + ((lane % 8) + 8 * ((lane / 8) % 2)) * T::kVStride + 8 * (lane / 16));
+  const uint32_t qv_lane = smem_addr(sQv + (lane % 8) * T::kQvStride + 8 * (lane / 8));
+  const bool uses_qk = !T::kTakesQv || p.headdim > 0;  // only_qv runs the d_v 512 kernels
 
   // One 16-key step from buffer `stage`; key0 is its first key.
   auto compute_step = [&](int stage, int key0) {
@@ -206,12 +234,32 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
 #pragma unroll
     for (int nt = 0; nt < kRT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
     const uint32_t k_addr = k_lane + stage * T::kKStageElems * 2;
+    if (uses_qk) {
 #pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4(k_addr + kk * 32, a);
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4(k_addr + kk * 32, a);
 #pragma unroll
-      for (int nt = 0; nt < kRT; ++nt) mma_16816<Elem>(s[nt], a, q_frag[nt][kk][0], q_frag[nt][kk][1]);
+        for (int nt = 0; nt < kRT; ++nt) mma_16816<Elem>(s[nt], a, q_frag[nt][kk][0], q_frag[nt][kk][1]);
+      }
+    }
+    if constexpr (T::kTakesQv) {
+      if (has_qv) {
+        const uint32_t v_addr = v_scores_lane + stage * T::kVStageElems * 2;
+#pragma unroll
+        for (int kk = 0; kk < kDvTiles; kk += 2) {
+          uint32_t a0[4], a1[4];
+          ldmatrix_x4(v_addr + kk * 32, a0);
+          ldmatrix_x4(v_addr + (kk + 1) * 32, a1);
+#pragma unroll
+          for (int nt = 0; nt < kRT; ++nt) {
+            uint32_t b[4];
+            ldmatrix_x4(qv_lane + (nt * 8 * T::kQvStride + kk * 16) * 2, b);
+            mma_16816<Elem>(s[nt], a0, b[0], b[1]);
+            mma_16816<Elem>(s[nt], a1, b[2], b[3]);
+          }
+        }
+      }
     }
 #pragma unroll
     for (int nt = 0; nt < kRT; ++nt) {

@@ -7,6 +7,12 @@
 // blocks with an online softmax. Each warp owns kWarpRows (16 or 32) query rows and every key of
 // a block.
 //
+// At d_v 512 (MLA) a warp's 16 rows x 512 accumulators would take 256 registers: kWarpsV warps
+// share each 16 rows, each accumulating its slice of V's dims (and each computing the rows'
+// scores, the same values in the same order, so their softmax states agree). With qv the scores
+// add QV V^T: QV's tile beside Q's, V's tile read as K's; without q.k (only_qv: headdim 0) Q and K
+// are neither read nor multiplied.
+//
 // Loads are cp.async with zero fill: K / V rows outside the CTA's key range, at a bad page id or
 // beyond the real head dim are never read, so NaN in unused cache slots cannot reach the output,
 // and masked scores are selected to -inf before the exponent.
@@ -15,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "core/mask.h"
 #include "core/tile_size.h"
@@ -28,7 +35,7 @@ namespace kvflash::cuda {
 // kMTiles: m16 tiles (16 query rows each) per warp. Two let every K / V fragment read from shared
 // memory feed two mma instead of one, halving shared-memory traffic per mma (FA2's layout).
 template <class Elem_, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kMinBlocks_,
-          int kMTiles_>
+          int kMTiles_, int kWarpsV_>
 struct AttentionTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -38,7 +45,11 @@ struct AttentionTraits {
   static constexpr int kMTiles = kMTiles_;
   static constexpr int kWarpRows = 16 * kMTiles;
   static constexpr int kWarpsM = kBlockM / kWarpRows;
-  static constexpr int kThreads = 32 * kWarpsM;
+  static constexpr int kWarpsV = kWarpsV_;  // warps sharing rows, each a slice of V's dims
+  static constexpr int kSliceV = kHeadDimV / kWarpsV;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsV;
+  // qv exists only with d_v >= 256: the d_v 512 kernels take it (its tile beside Q's).
+  static constexpr bool kTakesQv = kHeadDimV == 512;
   // Rows padded by 16 bytes so ldmatrix over 8 consecutive rows hits 8 different bank groups.
   static constexpr int kQStride = kHeadDim + 8;
   static constexpr int kVStride = kHeadDimV + 8;
@@ -47,7 +58,8 @@ struct AttentionTraits {
   // Two K/V stages (the next tile loads while this one is used) when they fit the 160 KB an sm80
   // CTA may have; otherwise one, loading V under the scores and the next K under P·V (FA2's order).
   static constexpr int kStageBytes = kBlockN * (kQStride + kVStride) * int(sizeof(Elem));
-  static constexpr int kQBytes = kBlockM * kQStride * int(sizeof(Elem));
+  static constexpr int kQvElems = kTakesQv ? kBlockM * kVStride : 0;
+  static constexpr int kQBytes = (kBlockM * kQStride + kQvElems) * int(sizeof(Elem));
   static constexpr int kStages = kQBytes + 2 * kStageBytes <= 160 * 1024 ? 2 : 1;
   static constexpr int kTileBytes = kQBytes + kStages * kStageBytes;
   static constexpr int kEpilogueBytes = kBlockM * kOStride * 4;
@@ -60,7 +72,10 @@ struct AttentionTraits {
   static constexpr int kSmemBytes =
       (kTileBytes > kEpilogueBytes ? kTileBytes : kEpilogueBytes) + kStatsBytes + kRowSourceBytes;
   static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0, "head dims are multiples of 16");
-  static_assert(kBlockM % kWarpRows == 0 && kBlockN % 16 == 0, "tiles are whole mma steps");
+  static_assert(kBlockM % kWarpRows == 0 && kBlockN % 16 == 0 && kSliceV % 16 == 0, "tiles are whole mma steps");
+  // qv's scores need V before P.V: the single-stage order loads V under the scores.
+  static_assert(!kTakesQv || kStages == 2, "qv kernels load K and V together");
+  static_assert(!kTakesQv || kSmemBytes <= core::kCudaMla512PrefillSmemKB * 1024, "core/limits.h's figure");
 };
 
 // Where a tile row comes from: a valid global address, and whether to copy it (else zero fill,
@@ -101,7 +116,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
   using Elem = typename T::Elem;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
-  Elem* sK = sQ + T::kBlockM * T::kQStride;              // [kStages][kBlockN][kQStride]
+  Elem* sQv = sQ + T::kBlockM * T::kQStride;             // [kBlockM][kVStride] (kTakesQv)
+  Elem* sK = sQv + T::kQvElems;                          // [kStages][kBlockN][kQStride]
   Elem* sV = sK + T::kStages * T::kBlockN * T::kQStride;  // [kStages][kBlockN][kVStride]
   float* sO = reinterpret_cast<float*>(smem_raw);
   const int stats_offset = T::kTileBytes > T::kEpilogueBytes ? T::kTileBytes : T::kEpilogueBytes;
@@ -123,7 +139,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
   const bool add_sink = start.add_sink;
 
   const int tid = threadIdx.x;
-  const int wm = tid / 32, lane = tid % 32;
+  const int wm = tid / 32 / T::kWarpsV, wv = tid / 32 % T::kWarpsV, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   constexpr int kMT = T::kMTiles;
   // CTA row of this thread's half h (rows g and g + 8) of its warp's m16 tile mt.
@@ -141,22 +157,35 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
       const bool row_ok = idx < packed_rows;
       const int lo = max(vis.lo, n_lo);
       const int hi = row_ok ? min(vis.hi, n_hi) : lo;
-      if (t == 0) sRowKeys[warp_row(mt, h)] = make_int2(lo, hi);
+      if (t == 0 && wv == 0) sRowKeys[warp_row(mt, h)] = make_int2(lo, hi);  // one writer per row
       full_lo = max(full_lo, lo);
       full_hi = min(full_hi, hi);
     }
   }
 
-  const Elem* q_base = static_cast<const Elem*>(p.q.data);
-  const int64_t q_batch = p.len.cu_seqlens_q.data ? 0 : int64_t(start.col.b) * p.q.batch_stride;
-  load_tile<T::kBlockM, T::kHeadDim, T::kQStride, T::kThreads>(
-      sQ, p.headdim / 8, [&](int r) -> RowSource<Elem> {
-        const int idx = row0 + r;
-        if (idx >= packed_rows) return {q_base, false};
-        const int i = idx / p.group;
-        const int h = hk * p.group + (idx - i * p.group);
-        return {q_base + q_batch + int64_t(seq.q_offset + i) * p.q.token_stride + h * p.q.head_stride, true};
-      });
+  // Q's tile (and qv's): rows past the sequence are zero.
+  auto load_rows = [&](Elem* dst, const RowLayout& t, auto dim_c, auto stride_c, int valid_chunks) {
+    const Elem* base = static_cast<const Elem*>(t.data);
+    const int64_t batch = p.len.cu_seqlens_q.data ? 0 : int64_t(start.col.b) * t.batch_stride;
+    load_tile<T::kBlockM, decltype(dim_c)::value, decltype(stride_c)::value, T::kThreads>(
+        dst, valid_chunks, [&](int r) -> RowSource<Elem> {
+          const int idx = row0 + r;
+          if (idx >= packed_rows) return {base, false};
+          const int i = idx / p.group;
+          const int h = hk * p.group + (idx - i * p.group);
+          return {base + batch + int64_t(seq.q_offset + i) * t.token_stride + h * t.head_stride, true};
+        });
+  };
+  const bool uses_qk = !T::kTakesQv || p.headdim > 0;  // only_qv runs the d_v 512 kernels
+  const bool has_qv = T::kTakesQv && p.qv.data != nullptr;
+  load_rows(sQ, p.q, std::integral_constant<int, T::kHeadDim>{}, std::integral_constant<int, T::kQStride>{},
+            p.headdim / 8);
+  if constexpr (T::kTakesQv) {
+    if (has_qv) {
+      load_rows(sQv, p.qv, std::integral_constant<int, T::kHeadDimV>{}, std::integral_constant<int, T::kVStride>{},
+                p.headdim_v / 8);
+    }
+  }
 
   const Elem* k_base = static_cast<const Elem*>(p.cache.k);
   const Elem* v_base = static_cast<const Elem*>(p.cache.v);
@@ -191,7 +220,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
   const float exp_scale = scale.exp_scale;
 
   constexpr int kNTiles = T::kBlockN / 8;
-  constexpr int kOTiles = T::kHeadDimV / 8;
+  constexpr int kOTiles = T::kSliceV / 8;  // this warp's slice of V's dims
   float o_acc[kMT][kOTiles][4];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
@@ -205,39 +234,56 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
     row_sum[mt][0] = row_sum[mt][1] = 0.0f;
   }
 
-  // m16 tile mt of this warp's Q rows is at sQ_addr + mt * kQTileBytes.
-  constexpr uint32_t kQTileBytes = 16 * T::kQStride * 2;
+  // m16 tile mt of this warp's Q rows is at sQ_addr + mt * 16 rows.
   const uint32_t sQ_addr = smem_addr(sQ + (wm * T::kWarpRows + (lane % 16)) * T::kQStride + (lane / 16) * 8);
   // K (non-transposed): matrix mi = lane / 8 covers keys (mi / 2) * 8.., dims (mi % 2) * 8..
   const uint32_t sK_addr = smem_addr(sK + ((lane / 16) * 8 + (lane % 8)) * T::kQStride + ((lane / 8) % 2) * 8);
   // V (transposed): matrix mi covers keys (mi % 2) * 8.., dims (mi / 2) * 8..
-  const uint32_t sV_addr = smem_addr(sV + (((lane / 8) % 2) * 8 + (lane % 8)) * T::kVStride + (lane / 16) * 8);
+  const uint32_t sV_addr =
+      smem_addr(sV + (((lane / 8) % 2) * 8 + (lane % 8)) * T::kVStride + (lane / 16) * 8 + wv * T::kSliceV);
+  // With qv: QV's rows as Q's, V's tile (non-transposed) as K's.
+  const uint32_t sQv_addr = smem_addr(sQv + (wm * T::kWarpRows + (lane % 16)) * T::kVStride + (lane / 16) * 8);
+  const uint32_t sV_scores_addr = smem_addr(sV + ((lane / 16) * 8 + (lane % 8)) * T::kVStride + ((lane / 8) % 2) * 8);
 
   // The three steps of a key block; `stage` picks the K/V buffers. Each K / V fragment read from
   // shared memory feeds the warp's kMT m16 tiles.
   constexpr uint32_t kKStageBytes = T::kBlockN * T::kQStride * 2, kVStageBytes = T::kBlockN * T::kVStride * 2;
   float s[kMT][kNTiles][4];
-  auto scores = [&](int stage) {
-    const uint32_t k_addr = sK_addr + stage * kKStageBytes;
+  // s += A B^T over the dims of A's rows (kSteps 16-wide steps, rows kStride elements apart): A
+  // the warp's query rows at a_addr (Q or QV), B the block's key rows at b_addr (K, or V).
+  auto add_scores = [&](uint32_t a_addr, uint32_t b_addr, auto steps_c, auto stride_c) {
+    constexpr int kSteps = decltype(steps_c)::value, kStride = decltype(stride_c)::value;
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-      for (int i = 0; i < kNTiles; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
+    for (int kk = 0; kk < kSteps; ++kk) {
       uint32_t a[kMT][4];
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) ldmatrix_x4(sQ_addr + mt * kQTileBytes + kk * 32, a[mt]);
+      for (int mt = 0; mt < kMT; ++mt) ldmatrix_x4(a_addr + mt * 16 * kStride * 2 + kk * 32, a[mt]);
 #pragma unroll
       for (int np = 0; np < kNTiles / 2; ++np) {
         uint32_t bk[4];
-        ldmatrix_x4(k_addr + (np * 16 * T::kQStride) * 2 + kk * 32, bk);
+        ldmatrix_x4(b_addr + (np * 16 * kStride) * 2 + kk * 32, bk);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           mma_16816<Elem>(s[mt][2 * np], a[mt], bk[0], bk[1]);
           mma_16816<Elem>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
         }
+      }
+    }
+  };
+  auto scores = [&](int stage) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int i = 0; i < kNTiles; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
+    }
+    if (uses_qk) {
+      add_scores(sQ_addr, sK_addr + stage * kKStageBytes, std::integral_constant<int, T::kHeadDim / 16>{},
+                 std::integral_constant<int, T::kQStride>{});
+    }
+    if constexpr (T::kTakesQv) {
+      if (has_qv) {
+        add_scores(sQv_addr, sV_scores_addr + stage * kVStageBytes, std::integral_constant<int, T::kHeadDimV / 16>{},
+                   std::integral_constant<int, T::kVStride>{});
       }
     }
   };
@@ -420,8 +466,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
     if (add_sink) keys_scale = fold_sink(sink_log2(p, hk, min(row0 + r, packed_rows - 1)), m, l);
     const bool nonempty = l > 0.0f && m != -INFINITY;
     const float factor = nonempty ? keys_scale / l : 0.0f;
-    if (t == 0) sLse[r] = nonempty ? (m + log2f(l)) * kLn2 : -INFINITY;
-    float* o_row = sO + r * T::kOStride + 2 * t;
+    if (t == 0 && wv == 0) sLse[r] = nonempty ? (m + log2f(l)) * kLn2 : -INFINITY;
+    float* o_row = sO + r * T::kOStride + 2 * t + wv * T::kSliceV;
 #pragma unroll
     for (int i = 0; i < kOTiles; ++i) {
       o_row[i * 8] = o_acc[mt][i][2 * h] * factor;
@@ -438,7 +484,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
 // dim 96 or 128: 4 warps of 32 rows (two m16 tiles each, so every K / V fragment feeds two mma),
 // two CTAs per SM at up to 255 registers. Head dim 64 (128 x 128 tiles, wide score rows) and
 // above 128 (wide accumulators): one m16 tile per warp, whose registers fit without spilling,
-// and one CTA per SM as the register budget's aim.
+// and one CTA per SM as the register budget's aim. d_v 512: two warps per 16 rows, 256 dims of
+// V each (128 accumulators; 8 warps, 64 x 32 tiles).
+constexpr int prefill_warps_v(int headdim_v) { return headdim_v > 256 ? 2 : 1; }
 constexpr bool prefill_two_m_tiles(int headdim, int headdim_v) {
   const int widest = headdim > headdim_v ? headdim : headdim_v;
   return widest > 64 && widest <= 128;
@@ -453,6 +501,6 @@ template <class Elem, int kHeadDim, int kHeadDimV,
           core::TileSize kTile = core::tile_size_sm80(core::TileInputs{kHeadDim, kHeadDimV})>
 using PrefillTraits = AttentionTraits<Elem, kHeadDim, kHeadDimV, kTile.block_m, kTile.block_n,
                                       prefill_min_blocks(kHeadDim, kHeadDimV),
-                                      prefill_m_tiles(kHeadDim, kHeadDimV)>;
+                                      prefill_m_tiles(kHeadDim, kHeadDimV), prefill_warps_v(kHeadDimV)>;
 
 }  // namespace kvflash::cuda
