@@ -35,13 +35,25 @@ struct FamilyInputs {
 // 128 query rows per CTA.
 KVFLASH_HD constexpr int sm90_block_n(int headdim) { return headdim <= 128 ? 128 : 64; }
 
+// The fewest keys a page may hold for the sm90 family's TMA loads: a 128-byte-swizzled tile repeats
+// every 8 rows, so a page's slice of a key block must start at a multiple of 8 rows.
+constexpr int kSm90MinPageKeys = 8;
+
+// Page sizes whose pages the sm90 kernels load by TMA at head dim d: whole key blocks (a block
+// lies in one page: one copy per block), or 8 or more keys dividing the block (one copy per page
+// of the block; with a block of 64 or 128 keys these are the powers of two 8 ... block / 2).
+KVFLASH_HD constexpr bool sm90_page_fits(int page_size, int headdim) {
+  const int block_n = sm90_block_n(headdim);
+  return page_size % block_n == 0 || (page_size >= kSm90MinPageKeys && block_n % page_size == 0);
+}
+
 // The calls the sm90 family's kernels take: fp16 / bf16, d == d_v in {64, 128, 256}, at least 64
 // query rows (shorter ones are the sm80 decode / prefill kernels' work), one split, a dense cache
-// or pages of whole key blocks without leftpad (each block one TMA copy).
+// or, without leftpad, pages sm90_page_fits.
 KVFLASH_HD constexpr bool sm90_takes(const FamilyInputs& in) {
   const int d = in.headdim;
   return in.sixteen_bit && d == in.headdim_v && (d == 64 || d == 128 || d == 256) && in.max_seqlen_q >= 64 &&
-         in.one_split && (in.page_size == 0 || (in.page_size % sm90_block_n(d) == 0 && !in.has_leftpad));
+         in.one_split && (in.page_size == 0 || (sm90_page_fits(in.page_size, d) && !in.has_leftpad));
 }
 
 // Rows, first match wins: the Hopper family on sm_90 (its kernels are sm_90a code) for the calls

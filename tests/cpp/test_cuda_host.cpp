@@ -68,7 +68,7 @@ struct Sm90OptOut {
 // rows per CTA are the kernel's.
 TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
   const int archs[] = {80, 86, 89, 90, 100, 120};
-  int checked = 0, sm90 = 0;
+  int checked = 0, sm90 = 0, sm90_small_pages = 0;
   std::set<std::tuple<int, int, int, int>> kernels;
   // The default draws, then prefill shapes (the sm90 family's head dims, >= 64 query rows).
   oracle::CaseLimits prefill;
@@ -102,6 +102,8 @@ TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
         EXPECT_EQ(arch, 90);  // sm_90a code
         EXPECT_EQ(plan.num_splits, 1);
         EXPECT_GE(p.seqlen_q, 64);
+        // Pages smaller than a key block (the GPU runner's sm90 subset draws these limits too).
+        if (p.paged && p.page_size < core::sm90_block_n(p.headdim)) ++sm90_small_pages;
       } else {
         EXPECT_EQ(plan.kernel.family, KernelFamily::sm80);
       }
@@ -123,6 +125,7 @@ TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
   }
   EXPECT_GT(checked, 600);
   EXPECT_GT(sm90, 0);  // some random calls are prefill shapes the Hopper family takes
+  EXPECT_GT(sm90_small_pages, 0);  // ... some of them paged by pages smaller than a key block
   EXPECT_GT(kernels.size(), 30u);  // every shape over several instantiations was reached
 }
 
@@ -178,11 +181,49 @@ TEST(KernelFamily, Sm90RuleRow) {
   EXPECT_EQ(with([](auto& c) { c.headdim_v = 64; }), KernelFamily::sm80);
   EXPECT_EQ(with([](auto& c) { c.max_seqlen_q = 63; }), KernelFamily::sm80);
   EXPECT_EQ(with([](auto& c) { c.one_split = false; }), KernelFamily::sm80);
-  EXPECT_EQ(with([](auto& c) { c.page_size = 256; }), KernelFamily::sm90);
-  EXPECT_EQ(with([](auto& c) { c.page_size = 64; }), KernelFamily::sm80);  // a block spans pages
   EXPECT_EQ(with([](auto& c) { c.page_size = 256, c.has_leftpad = true; }), KernelFamily::sm80);
   EXPECT_EQ(with([](auto& c) { c.has_leftpad = true; }), KernelFamily::sm90);  // dense: TMA at any row
-  EXPECT_EQ(with([](auto& c) { c.headdim = c.headdim_v = 256, c.page_size = 64; }), KernelFamily::sm90);
+}
+
+// Page sizes the sm90 kernels read by TMA, at each head dim's key block (128 keys up to d 128, 64
+// at d 256): whole blocks (one copy per block) and 8 or more keys dividing a block (one copy per
+// page); smaller pages, and pages that straddle blocks, go to sm80.
+TEST(KernelFamily, Sm90PageSizes) {
+  core::FamilyInputs in{90, true, 128, 128, 4096};
+  in.max_seqlen_q = 64;
+  in.one_split = true;
+  const auto family = [&](int d, int page_size, bool leftpad = false) {
+    core::FamilyInputs c = in;
+    c.headdim = c.headdim_v = d, c.page_size = page_size, c.has_leftpad = leftpad;
+    return core::kernel_family(c);
+  };
+  for (int d : {64, 128}) {
+    for (int page : {8, 16, 32, 64, 128, 256, 512}) EXPECT_EQ(family(d, page), KernelFamily::sm90) << d << " " << page;
+    for (int page : {1, 2, 3, 4, 12, 24, 48, 96, 192, 320}) EXPECT_EQ(family(d, page), KernelFamily::sm80) << page;
+  }
+  for (int page : {8, 16, 32, 64, 128, 192, 256}) EXPECT_EQ(family(256, page), KernelFamily::sm90) << page;
+  for (int page : {1, 4, 24, 48, 96, 160}) EXPECT_EQ(family(256, page), KernelFamily::sm80) << page;
+  EXPECT_EQ(family(128, 16, true), KernelFamily::sm80);  // leftpad shifts keys off page boundaries
+  EXPECT_EQ(family(256, 8, true), KernelFamily::sm80);
+  for (int page = 1; page <= 1024; ++page) {
+    const bool tma = page % 128 == 0 || (page >= 8 && 128 % page == 0);
+    EXPECT_EQ(core::sm90_page_fits(page, 128), tma) << page;
+  }
+}
+
+// The planner sends paged prefill calls of the engines' page sizes (vLLM 16, SGLang with FA3 64)
+// to sm90 on an H200, and SGLang's default (page 1) to sm80.
+TEST(KernelFamily, Sm90PlansPagedPrefill) {
+  PlanKey raw;
+  raw.batch = 1, raw.max_seqlen_q = 4096, raw.max_seqlen_k = 4096;
+  raw.num_heads = raw.num_heads_k = 16, raw.headdim = raw.headdim_v = 128, raw.dtype = DType::bf16;
+  for (int page : {16, 64, 1, 3}) {
+    PlanKey key = raw;
+    key.page_size = page;
+    key = core::canonical_key(key, core::DeviceInfo{132, 90});
+    const Plan plan = core::static_plan(key);
+    EXPECT_EQ(plan.kernel.family, page >= 16 ? KernelFamily::sm90 : KernelFamily::sm80) << page;
+  }
 }
 
 // A planned call: one split from FA3's rule at the sm90 tile, a requested split count above one

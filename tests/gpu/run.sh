@@ -81,16 +81,19 @@ step memcheck_badinput memcheck_badinput.log \
 step bench bench.log "$RUNNER" bench
 # The floors by the program users run: paged decode (page 16, 32/8 heads, d 128; --eager: the host
 # work per eager call, issue 14, paged and dense), dense prefill,
-# and batched prefill (32 prompts of 512, causal, page 16: the sm80 family with a split bound > 1
-# but one split per sequence, where a combine over every row costs what one long sequence hides;
-# issue 13: 548 us at 90df2b1, 992 us at 02d27d1).
+# and batched prefill (32 prompts of 512, causal, page 16): on sm_90 the sm90 family (pages of 16
+# keys by TMA), and the same row on the portable kernels (KVFLASH_SM90=0: the sm80 family with a
+# split bound > 1 but one split per sequence, where a combine over every row costs what one long
+# sequence hides; issue 13: 548 us at 90df2b1, 992 us at 02d27d1).
 floors() {
   "$BUILD/kvflash" bench --device cuda --batch 1,64 --context 8192 --prefill none --dtype bf16 --eager &&
     "$BUILD/kvflash" bench --device cuda --batch 1 --context 8192 --prefill none --dtype bf16 --eager --page-size 0 &&
     "$BUILD/kvflash" bench --device cuda --batch 1 --context 1024 --prefill 16384 --dtype bf16 --non-causal \
       --heads 16 --kv-heads 16 --page-size 0 &&
     "$BUILD/kvflash" bench --device cuda --context none --prefill 512 --prefill-batch 32 --dtype bf16 \
-      --heads 16 --kv-heads 16 --page-size 16
+      --heads 16 --kv-heads 16 --page-size 16 &&
+    KVFLASH_SM90=0 "$BUILD/kvflash" bench --device cuda --context none --prefill 512 --prefill-batch 32 \
+      --dtype bf16 --heads 16 --kv-heads 16 --page-size 16
 }
 step floors floors.log floors
 

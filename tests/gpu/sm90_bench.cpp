@@ -1,8 +1,10 @@
 // The sm90 prefill family's ladder (src/cuda/sm90/prefill.h), each rung timed on the same inputs
 // and checked against the portable kernels (the public API with num_splits = 2, which the sm90
 // family never takes): dense bf16 caches, 16k x 16k at head dims 64 / 128 / 256 (non-causal and
-// causal) and 32 prompts of 512 (causal); rungs 1-4 (src/cuda/sm90/prefill.h). TFLOP/s = 4 d x visible (query, key) pairs x heads /
-// median time of 10 launches after 2 warm-ups.
+// causal) and 32 prompts of 512 (causal); rungs 1-4 (src/cuda/sm90/prefill.h). Paged rows (pages
+// of 8-64 keys, smaller than a key block, in a random order) run the best rung, the kernel the
+// family rule picks for them. TFLOP/s = 4 d x visible (query, key) pairs x heads / median time of
+// 10 launches after 2 warm-ups.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -30,7 +32,28 @@ namespace {
 struct Shape {
   int batch, seqlen, heads, heads_k, headdim;
   bool causal;
+  int page = 0;  // keys per page of a paged cache; 0: dense
 };
+
+// A paged cache's page table: each sequence's pages_per_seq pages, drawn in a random order from
+// all of them (page_table (b, pages_per_seq) int32 on the device).
+struct PageTable {
+  int pages_per_seq = 0, num_pages = 0;
+  int32_t* table = nullptr;
+};
+
+PageTable make_page_table(const Shape& s, std::mt19937& rng) {
+  PageTable t;
+  if (s.page == 0) return t;
+  t.pages_per_seq = (s.seqlen + s.page - 1) / s.page;
+  t.num_pages = s.batch * t.pages_per_seq;
+  std::vector<int32_t> ids(size_t(t.num_pages));
+  for (int i = 0; i < t.num_pages; ++i) ids[size_t(i)] = i;
+  std::shuffle(ids.begin(), ids.end(), rng);
+  check(cudaMalloc(&t.table, ids.size() * 4), "cudaMalloc");
+  check(cudaMemcpy(t.table, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "upload");
+  return t;
+}
 
 uint16_t to_bf16(float f) {
   uint32_t u;
@@ -54,7 +77,7 @@ void* device_random(size_t count, std::mt19937& rng) {
   return d;
 }
 
-cuda::AttentionParams dense_params(const Shape& s, void* q, void* k, void* v, void* out) {
+cuda::AttentionParams cache_params(const Shape& s, const PageTable& pages, void* q, void* k, void* v, void* out) {
   cuda::AttentionParams p;
   const int64_t hd = int64_t(s.heads) * s.headdim, hkd = int64_t(s.heads_k) * s.headdim;
   p.len.batch = s.batch;
@@ -67,6 +90,14 @@ cuda::AttentionParams dense_params(const Shape& s, void* q, void* k, void* v, vo
   p.cache.k_row_stride = p.cache.v_row_stride = s.seqlen * hkd;
   p.cache.k_pos_stride = p.cache.v_pos_stride = hkd;
   p.cache.k_head_stride = p.cache.v_head_stride = s.headdim;
+  if (s.page) {
+    p.len.capacity = pages.pages_per_seq * s.page;
+    p.cache.k_row_stride = p.cache.v_row_stride = s.page * hkd;
+    p.cache.paged = true;
+    p.cache.page_size = s.page, p.cache.num_pages = pages.num_pages, p.cache.pages_per_seq = pages.pages_per_seq;
+    p.cache.page_table = pages.table;
+    p.cache.page_table_row_stride = pages.pages_per_seq;
+  }
   p.q = cuda::RowLayout{q, s.seqlen * hd, hd, s.headdim};
   p.out = cuda::RowLayout{out, s.seqlen * hd, hd, s.headdim};
   p.num_heads = s.heads, p.num_heads_k = s.heads_k, p.group = s.heads / s.heads_k;
@@ -124,20 +155,34 @@ double max_abs_diff(const void* a, const void* b, size_t count) {
 // small: each rung up to the one that runs (kBestRung) once on small shapes, untimed (for the
 // sanitizers: one report per kernel; racecheck reports rung 4, see prefill.h).
 int run_sm90_bench(bool small) {
-  const std::vector<Shape> shapes =
+  std::vector<Shape> shapes =
       small ? std::vector<Shape>{{2, 200, 2, 1, 64, true},  {2, 200, 2, 2, 128, false}, {2, 200, 2, 1, 128, true},
                                  {2, 200, 2, 2, 256, false}, {2, 200, 2, 1, 256, true}}
             : std::vector<Shape>{{1, 16384, 16, 16, 128, false}, {1, 16384, 16, 16, 128, true},
                                  {1, 16384, 32, 32, 64, false},   {1, 16384, 32, 32, 64, true},
                                  {1, 16384, 8, 8, 256, false},    {1, 16384, 8, 8, 256, true},
                                  {32, 512, 16, 16, 128, true},    {1, 8192, 32, 8, 128, true}};
+  // Paged: the engines' pages (16: vLLM; 64: SGLang with FA3) at the dense rows' shapes, and 8 / 32.
+  const std::vector<Shape> paged =
+      small ? std::vector<Shape>{{2, 200, 2, 1, 64, true, 8},   {2, 200, 2, 2, 128, false, 16},
+                                 {2, 200, 2, 1, 128, true, 64}, {2, 200, 2, 1, 256, true, 32},
+                                 {2, 200, 2, 2, 256, false, 16}}
+            : std::vector<Shape>{{1, 16384, 16, 16, 128, false, 16}, {1, 16384, 16, 16, 128, true, 16},
+                                 {1, 16384, 16, 16, 128, true, 64},  {1, 16384, 16, 16, 128, true, 8},
+                                 {1, 16384, 16, 16, 128, true, 32},  {1, 16384, 32, 32, 64, true, 16},
+                                 {1, 16384, 8, 8, 256, true, 16},    {1, 16384, 8, 8, 256, true, 32},
+                                 {32, 512, 16, 16, 128, true, 16},   {32, 512, 16, 16, 128, true, 64},
+                                 {1, 8192, 32, 8, 128, true, 16}};
+  shapes.insert(shapes.end(), paged.begin(), paged.end());
   std::mt19937 rng(11);
   int failures = 0;
-  std::printf("%-34s %8s %8s %8s %8s %8s %9s %s\n", "shape (bf16, dense)", "sm80", "rung1", "rung2", "rung3",
-              "rung4", "TFLOP/s4", "max|rung - sm80| (1 / 2 / 3 / 4)");
+  std::printf("%-34s %8s %8s %8s %8s %8s %9s %s\n", "shape (bf16, p: page size)", "sm80", "rung1", "rung2", "rung3",
+              "rung4", "TFLOP/s", "max|rung - sm80| (1 / 2 / 3 / 4)");
   for (const Shape& s : shapes) {
     const size_t q_count = size_t(s.batch) * s.seqlen * s.heads * s.headdim;
-    const size_t kv_count = size_t(s.batch) * s.seqlen * s.heads_k * s.headdim;
+    const PageTable pages = make_page_table(s, rng);
+    const int64_t kv_rows = s.page ? int64_t(pages.num_pages) * s.page : int64_t(s.batch) * s.seqlen;
+    const size_t kv_count = size_t(kv_rows) * s.heads_k * s.headdim;
     void* q = device_random(q_count, rng);
     void* k = device_random(kv_count, rng);
     void* v = device_random(kv_count, rng);
@@ -149,8 +194,13 @@ int run_sm90_bench(bool small) {
     const Device dev{DeviceType::cuda, 0};
     KvCacheArgs args;
     args.q = TensorView::contiguous(q, DType::bf16, {s.batch, s.seqlen, s.heads, s.headdim}, dev);
-    args.k_cache = TensorView::contiguous(k, DType::bf16, {s.batch, s.seqlen, s.heads_k, s.headdim}, dev);
-    args.v_cache = TensorView::contiguous(v, DType::bf16, {s.batch, s.seqlen, s.heads_k, s.headdim}, dev);
+    const int64_t units = s.page ? pages.num_pages : s.batch, unit_rows = s.page ? s.page : s.seqlen;
+    args.k_cache = TensorView::contiguous(k, DType::bf16, {units, unit_rows, s.heads_k, s.headdim}, dev);
+    args.v_cache = TensorView::contiguous(v, DType::bf16, {units, unit_rows, s.heads_k, s.headdim}, dev);
+    if (s.page) {
+      args.page_table = TensorView::contiguous(pages.table, DType::i32, {s.batch, pages.pages_per_seq}, dev);
+      args.cache_seqlens_value = s.seqlen;  // the last page's tail is not the sequence's
+    }
     args.causal = s.causal;
     args.num_splits = 2;
     Outputs outputs;
@@ -158,9 +208,12 @@ int run_sm90_bench(bool small) {
     const auto timed = [&](auto launch) { return small ? (launch(), 0.0) : median_ms(launch); };
     const double sm80_ms = timed([&] { flash_attn_with_kvcache(args, outputs); });
 
-    const cuda::AttentionParams p = dense_params(s, q, k, v, out);
+    const cuda::AttentionParams p = cache_params(s, pages, q, k, v, out);
     double ms[cuda::sm90::kRungs + 1] = {}, diff[cuda::sm90::kRungs + 1] = {};
-    for (int rung = 1; rung <= (small ? cuda::sm90::kBestRung : cuda::sm90::kRungs); ++rung) {
+    // Paged rows: the best rung, which alone has kernels for pages smaller than a block.
+    const int first_rung = s.page ? cuda::sm90::kBestRung : 1;
+    const int last_rung = small || s.page ? cuda::sm90::kBestRung : cuda::sm90::kRungs;
+    for (int rung = first_rung; rung <= last_rung; ++rung) {
       check(cudaMemset(out, 0xff, q_count * 2), "poison");  // NaN: an unwritten element fails
       launch_rung(p, s.headdim, s.heads / s.heads_k, rung);
       check(cudaDeviceSynchronize(), "rung");
@@ -171,15 +224,17 @@ int run_sm90_bench(bool small) {
     const double pairs = s.causal ? double(s.seqlen) * (s.seqlen + 1) / 2 : double(s.seqlen) * s.seqlen;
     const double flops = 4.0 * s.batch * s.heads * s.headdim * pairs;
     char name[64];
-    std::snprintf(name, sizeof name, "b%d x %d h%d/%d d%d %s", s.batch, s.seqlen, s.heads, s.heads_k, s.headdim,
-                  s.causal ? "causal" : "full");
+    char cache[16] = "";
+    if (s.page) std::snprintf(cache, sizeof cache, " p%d", s.page);
+    std::snprintf(name, sizeof name, "b%d x %d h%d/%d d%d %s%s", s.batch, s.seqlen, s.heads, s.heads_k, s.headdim,
+                  s.causal ? "causal" : "full", cache);
     const auto tflops = [&](double t) { return flops / (t * 1e-3) * 1e-12; };
     std::printf("%-34s %8.3f %8.3f %8.3f %8.3f %8.3f %9.1f %.4f / %.4f / %.4f / %.4f\n", name, sm80_ms, ms[1], ms[2],
-                ms[3], ms[4], tflops(ms[4]), diff[1], diff[2], diff[3], diff[4]);
+                ms[3], ms[4], tflops(ms[last_rung]), diff[1], diff[2], diff[3], diff[4]);
     std::printf("  TFLOP/s: sm80 (2 splits) %.1f, rung1 %.1f, rung2 %.1f, rung3 %.1f, rung4 %.1f\n", tflops(sm80_ms),
                 tflops(ms[1]), tflops(ms[2]), tflops(ms[3]), tflops(ms[4]));
     std::fflush(stdout);
-    for (void* ptr : {q, k, v, ref, out}) cudaFree(ptr);
+    for (void* ptr : {q, k, v, ref, out, static_cast<void*>(pages.table)}) cudaFree(ptr);
   }
   std::printf("sm90bench: %s (%d rung outputs off the sm80 result by more than 0.02)\n",
               failures ? "FAIL" : "PASS", failures);

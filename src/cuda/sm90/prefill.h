@@ -11,7 +11,7 @@
 namespace kvflash::cuda::sm90 {
 
 // Keys per block of head dim d: the family rule's (core/kernel_family.h), which sends a paged cache
-// here only with page_size % this == 0.
+// here only with pages of whole blocks or of 8 or more keys dividing a block (sm90_page_fits).
 constexpr int prefill_block_n(int headdim) { return core::sm90_block_n(headdim); }
 
 // The rungs of the ladder the family was built by (BENCHMARKS.md, session 4), kept for timing:
@@ -25,7 +25,8 @@ constexpr int kRungs = 4;
 constexpr int kBestRung = 3;
 
 // Attention over `p` (one split; rows are query indices of one head, K / V head = query head /
-// kv_group) by rung `rung`'s kernel.
+// kv_group) by rung `rung`'s kernel; a paged cache of pages smaller than a key block (8, 16, ...
+// keys: core::sm90_page_fits) by the best rung's kernel for that page size, whatever `rung`.
 template <class Elem, int kHeadDim>
 void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaStream_t stream);
 

@@ -3,6 +3,8 @@
 //  - Warp group 0 is the producer: one thread moves the Q tile and every K / V block by TMA into
 //    128-byte-swizzled shared memory, kStages deep, each completing on an mbarrier
 //    (cutlass::PipelineTmaAsync: full barriers count bytes, empty barriers count consumers).
+//    A paged cache whose pages are smaller than a block (kPageKeys) is read one page per copy,
+//    a lane of the producer's first warp per page.
 //  - kConsumerWGs consumer warp groups (64 rows each) run S = Q K^T as wgmma with both operands in
 //    shared memory, the online softmax in registers, and O += P V as wgmma with P from registers
 //    (the accumulator layout reused as the A fragment) and V^T read through a transposed view.
@@ -44,7 +46,7 @@ template <> struct CuteElem<__nv_bfloat16> { using type = cutlass::bfloat16_t; }
 template <> struct CuteElem<__half> { using type = cutlass::half_t; };
 
 template <class Elem_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kConsumerWGs_, bool kOverlap_,
-          bool kPingPong_ = false>
+          bool kPingPong_ = false, int kPageKeys_ = 0>
 struct PrefillTraits {
   using Elem = Elem_;  // __nv_bfloat16 or __half
   using E = typename CuteElem<Elem>::type;
@@ -59,6 +61,13 @@ struct PrefillTraits {
   // 256 threads already get 255 each).
   static constexpr bool kReallocate = kConsumerWGs == 2;
   static_assert(kBlockM == 64 * kConsumerWGs || (kConsumerWGs == 1 && kBlockM == 128), "64 rows per atom");
+  // Keys of one TMA copy of K or V (a unit): a whole block (dense caches, pages of whole blocks),
+  // or one page of kPageKeys < kBlockN keys, kUnits of them per block.
+  static constexpr int kPageKeys = kPageKeys_;
+  static constexpr int kUnitRows = kPageKeys > 0 ? kPageKeys : kBlockN;
+  static constexpr int kUnits = kBlockN / kUnitRows;
+  static_assert(kBlockN % kUnitRows == 0 && kUnits <= 32, "whole pages per block, one producer lane each");
+  static constexpr int kProducerLanes = kUnits > 1 ? 32 : 1;
 
   using TileQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
   using TilePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;
@@ -74,6 +83,15 @@ struct PrefillTraits {
                                                                                  Int<kHeadDim>>());
   using SmemLayoutK = decltype(tile_to_shape(SmemAtomK{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutV = SmemLayoutK;
+  // One unit's rows of a stage's tile: the tile's own layout restricted to kUnitRows rows, so each
+  // 128-byte column chunk of a page is one TMA box landing at its rows of that chunk (a whole
+  // block: the stage's layout, whose chunks are contiguous: one box). A unit must start where the
+  // swizzle pattern does (an atom's rows: 8 rows x 128 B = 1024 B).
+  using SmemLayoutKUnit = conditional_t<
+      kUnits == 1, decltype(take<0, 2>(SmemLayoutK{})),
+      decltype(composition(take<0, 2>(SmemLayoutK{}),
+                           make_layout(Shape<Int<kUnitRows>, Int<kHeadDim>>{}, Stride<_1, Int<kBlockN>>{})))>;
+  static_assert(kUnitRows % size<0>(SmemAtomK{}) == 0, "a unit starts at a swizzle atom's first row");
   // V^T as the P V GEMM's B operand (head dim x keys): the same bytes, a transposed view.
   using SmemLayoutVt = decltype(composition(
       SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
@@ -86,7 +104,7 @@ struct PrefillTraits {
       SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TmaKV = decltype(make_tma_copy(
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<const E*>(nullptr)), GShape{}, GStride{}),
-      take<0, 2>(SmemLayoutK{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+      SmemLayoutKUnit{}, Shape<Int<kUnitRows>, Int<kHeadDim>>{}, _1{}));
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(E);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(E);
 
@@ -153,10 +171,11 @@ __device__ __forceinline__ void warpgroup_gemm(Mma& mma, TA const& a, TB const& 
   if constexpr (kRegsA) warpgroup_fence_operand(const_cast<TA&>(a));
 }
 
-// Where key block n of this CTA's sequence starts in the K / V tensors: (row, unit). Dense: the
-// cache row, keys from leftpad on; paged (page size a multiple of kBlockN, no leftpad): the page
-// holding the block (an out-of-range page id becomes an out-of-bounds unit: TMA fills zeros).
-__device__ __forceinline__ int2 kv_block_origin(const AttentionParams& p, const SeqLens& seq, int key0) {
+// Where the keys from key0 on (a block or one page of it) of this CTA's sequence start in the K / V
+// tensors: (row, unit). Dense: the cache row, keys from leftpad on; paged (no leftpad): the page
+// holding key0. A page past pages_per_seq (the last block of a sequence may reach there) or an
+// out-of-range page id becomes an out-of-bounds unit: TMA fills zeros.
+__device__ __forceinline__ int2 kv_unit_origin(const AttentionParams& p, const SeqLens& seq, int key0) {
   const CacheParams& c = p.cache;
   if (!c.paged) return make_int2(seq.leftpad + key0, seq.cache_row);
   const int page_idx = key0 / c.page_size;
@@ -183,6 +202,10 @@ __device__ __forceinline__ void pass_turn(int group) {
   if constexpr (T::kPingPong) cutlass::arch::NamedBarrier::arrive(256, kTurn0 + (group ^ 1));
 }
 
+// Run by kProducerLanes of the producer group's first warp: lane 0 issues Q and arms the barriers;
+// lane u < kUnits looks up and issues unit u of each K / V block (one page each: a block's
+// page-table reads run in parallel), every copy completing on the stage's one full barrier, which
+// expects the block's bytes (kKVBytes: zero-filled boxes count too).
 template <class T>
 __device__ __forceinline__ void produce(const PrefillParams<T>& params, typename T::SharedStorage& ss,
                                         typename T::Pipeline& pipe_k, typename T::Pipeline& pipe_v,
@@ -191,15 +214,24 @@ __device__ __forceinline__ void produce(const PrefillParams<T>& params, typename
   const AttentionParams& p = params.p;
   const int hk = head / params.kv_group;
   const SeqLens& seq = start.col.seq;
-  // Q: rows [q_offset + row0, + kBlockM) of this head (varlen: one batch row of all tokens).
-  const int q_batch = p.len.cu_seqlens_q.data ? 0 : start.col.b;
-  Tensor mQ = params.tma_q.get_tma_tensor(params.q_shape)(_, _, head, q_batch);
-  Tensor gQ = local_tile(domain_offset(make_coord(seq.q_offset + row0, _0{}), mQ),
-                         Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, make_coord(_0{}, _0{}));
-  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
-  auto q_slice = params.tma_q.get_slice(_0{});
-  ss.q_full.arrive_and_expect_tx(T::kQBytes);
-  copy(params.tma_q.with(reinterpret_cast<uint64_t&>(ss.q_full), 0), q_slice.partition_S(gQ), q_slice.partition_D(sQ));
+  const int lane = T::kUnits > 1 ? int(threadIdx.x % 32) : 0;
+  const bool issues = T::kUnits == 1 || lane < T::kUnits;
+  // The leader's expect_tx precedes the other lanes' copies.
+  auto sync_lanes = [] {
+    if constexpr (T::kUnits > 1) __syncwarp();
+  };
+  if (lane == 0) {
+    // Q: rows [q_offset + row0, + kBlockM) of this head (varlen: one batch row of all tokens).
+    const int q_batch = p.len.cu_seqlens_q.data ? 0 : start.col.b;
+    Tensor mQ = params.tma_q.get_tma_tensor(params.q_shape)(_, _, head, q_batch);
+    Tensor gQ = local_tile(domain_offset(make_coord(seq.q_offset + row0, _0{}), mQ),
+                           Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, make_coord(_0{}, _0{}));
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+    auto q_slice = params.tma_q.get_slice(_0{});
+    ss.q_full.arrive_and_expect_tx(T::kQBytes);
+    copy(params.tma_q.with(reinterpret_cast<uint64_t&>(ss.q_full), 0), q_slice.partition_S(gQ),
+         q_slice.partition_D(sQ));
+  }
 
   Tensor mK = params.tma_k.get_tma_tensor(params.k_shape);
   Tensor mV = params.tma_v.get_tma_tensor(params.v_shape);
@@ -207,19 +239,25 @@ __device__ __forceinline__ void produce(const PrefillParams<T>& params, typename
   Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
   auto k_slice = params.tma_k.get_slice(_0{});
   auto v_slice = params.tma_v.get_slice(_0{});
+  const auto unit = Shape<Int<T::kUnitRows>, Int<T::kHeadDim>>{};
   cutlass::PipelineState<T::kStages> state;  // producer: starts at phase 1 (buffers empty)
   state = cutlass::make_producer_start_state<typename T::Pipeline>();
   for (int n = n_last; n >= n_first; --n) {
-    const int2 at = kv_block_origin(p, seq, n * T::kBlockN);
-    auto tile = Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{};
-    Tensor gK = local_tile(domain_offset(make_coord(at.x, _0{}), mK(_, _, hk, at.y)), tile, make_coord(_0{}, _0{}));
-    Tensor gV = local_tile(domain_offset(make_coord(at.x, _0{}), mV(_, _, hk, at.y)), tile, make_coord(_0{}, _0{}));
+    const int2 at = kv_unit_origin(p, seq, n * T::kBlockN + (issues ? lane : 0) * T::kUnitRows);
+    Tensor gK = local_tile(domain_offset(make_coord(at.x, _0{}), mK(_, _, hk, at.y)), unit, make_coord(_0{}, _0{}));
+    Tensor gV = local_tile(domain_offset(make_coord(at.x, _0{}), mV(_, _, hk, at.y)), unit, make_coord(_0{}, _0{}));
     pipe_k.producer_acquire(state);
-    copy(params.tma_k.with(*pipe_k.producer_get_barrier(state), 0), k_slice.partition_S(gK),
-         k_slice.partition_D(sK(_, _, state.index())));
+    sync_lanes();
+    if (issues) {
+      copy(params.tma_k.with(*pipe_k.producer_get_barrier(state), 0), k_slice.partition_S(gK),
+           k_slice.partition_D(local_tile(sK(_, _, state.index()), unit, make_coord(lane, _0{}))));
+    }
     pipe_v.producer_acquire(state);
-    copy(params.tma_v.with(*pipe_v.producer_get_barrier(state), 0), v_slice.partition_S(gV),
-         v_slice.partition_D(sV(_, _, state.index())));
+    sync_lanes();
+    if (issues) {
+      copy(params.tma_v.with(*pipe_v.producer_get_barrier(state), 0), v_slice.partition_S(gV),
+           v_slice.partition_D(local_tile(sV(_, _, state.index()), unit, make_coord(lane, _0{}))));
+    }
     ++state;
   }
 }
@@ -474,7 +512,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) prefill_kernel(const __grid_co
 
   if (warp_group == 0) {
     if constexpr (T::kReallocate) cutlass::arch::warpgroup_reg_dealloc<24>();
-    if (threadIdx.x == 0) produce<T>(params, ss, pipe_k, pipe_v, start, head, row0, n_first, n_last);
+    if (threadIdx.x < T::kProducerLanes) produce<T>(params, ss, pipe_k, pipe_v, start, head, row0, n_first, n_last);
   } else {
     if constexpr (T::kReallocate) cutlass::arch::warpgroup_reg_alloc<240>();
     consume<T>(params, ss, pipe_k, pipe_v, start, head, row0, n_first, n_last);
@@ -483,7 +521,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) prefill_kernel(const __grid_co
 
 // Host side: TMA descriptors over q and the cache, then one CTA per (query block, head, sequence).
 // Requires: head dims == kHeadDim, one split, rows 16-byte aligned (the backend's checks), and a
-// paged cache only with page_size % kBlockN == 0 and no leftpad (sm90_prefill_takes).
+// paged cache only without leftpad, with page_size == kPageKeys (pages smaller than a block) or
+// page_size % kBlockN == 0 (kPageKeys 0): core::sm90_takes.
 template <class T>
 void launch_prefill(const AttentionParams& ap, int kv_group, cudaStream_t stream) {
   using E = typename T::E;
@@ -508,9 +547,9 @@ void launch_prefill(const AttentionParams& ap, int kv_group, cudaStream_t stream
                           make_stride(c.k_pos_stride, _1{}, c.k_head_stride, c.k_row_stride));
   Tensor mV = make_tensor(make_gmem_ptr(static_cast<const E*>(c.v)), params.v_shape,
                           make_stride(c.v_pos_stride, _1{}, c.v_head_stride, c.v_row_stride));
-  auto kv_tile = Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{};
-  params.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename T::SmemLayoutK{}), kv_tile, _1{});
-  params.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename T::SmemLayoutV{}), kv_tile, _1{});
+  auto unit = Shape<Int<T::kUnitRows>, Int<T::kHeadDim>>{};
+  params.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, typename T::SmemLayoutKUnit{}, unit, _1{});
+  params.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename T::SmemLayoutKUnit{}, unit, _1{});
 
   auto kernel = prefill_kernel<T>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
