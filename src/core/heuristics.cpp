@@ -127,6 +127,13 @@ bool sm90_allowed() {
   return v == nullptr || std::string(v) != "0";
 }
 
+// KVFLASH_SM90_SMALL_PAGES=1 sends pages smaller than a key block to the sm90 family (opt-in until
+// validated on a GPU: tests/gpu/run.sh sets it).
+bool sm90_small_pages_allowed() {
+  const char* v = std::getenv("KVFLASH_SM90_SMALL_PAGES");
+  return v != nullptr && std::string(v) == "1";
+}
+
 FamilyInputs family_inputs(const PlanKey& key) {
   FamilyInputs in;
   in.arch = key.arch;
@@ -138,6 +145,7 @@ FamilyInputs family_inputs(const PlanKey& key) {
   in.page_size = key.page_size;
   in.has_leftpad = key.has_leftpad;
   in.sm90_enabled = sm90_allowed();
+  in.sm90_small_pages = sm90_small_pages_allowed();
   in.has_qv = key.has_qv;
   // The sm90 kernels run one split: a call that asks for more, or that FA3's rule would split
   // at the sm90 tile, stays on the sm80 family.

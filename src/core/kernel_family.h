@@ -28,6 +28,9 @@ struct FamilyInputs {
   bool one_split = false;   // at most one split asked for, and FA3's rule plans one (heuristics.cpp)
   // On unless KVFLASH_SM90=0 (read by family_inputs()).
   bool sm90_enabled = true;
+  // Pages smaller than a key block on the sm90 family: off unless KVFLASH_SM90_SMALL_PAGES=1
+  // (family_inputs()) until the GPU runner has validated those kernels (written without a GPU).
+  bool sm90_small_pages = false;
   bool has_qv = false;      // qv given (MLA): the d_v 512 instantiation
 };
 
@@ -47,13 +50,22 @@ KVFLASH_HD constexpr bool sm90_page_fits(int page_size, int headdim) {
   return page_size % block_n == 0 || (page_size >= kSm90MinPageKeys && block_n % page_size == 0);
 }
 
-// The calls the sm90 family's kernels take: fp16 / bf16, d == d_v in {64, 128, 256}, at least 64
-// query rows (shorter ones are the sm80 decode / prefill kernels' work), one split, a dense cache
-// or, without leftpad, pages sm90_page_fits.
+// The cache layouts the sm90 kernels read: dense, or without leftpad pages of whole key blocks,
+// or (opted in) any page size sm90_page_fits.
+KVFLASH_HD constexpr bool sm90_reads_pages(const FamilyInputs& in) {
+  if (in.page_size == 0) return true;
+  if (in.has_leftpad) return false;
+  return in.page_size % sm90_block_n(in.headdim) == 0 ||
+         (in.sm90_small_pages && sm90_page_fits(in.page_size, in.headdim));
+}
+
+// The calls the sm90 family's kernels take: fp16 / bf16, d == d_v in {64, 128, 256}, no qv, at
+// least 64 query rows (shorter ones are the sm80 decode / prefill kernels' work), one split, a
+// cache layout sm90_reads_pages.
 KVFLASH_HD constexpr bool sm90_takes(const FamilyInputs& in) {
   const int d = in.headdim;
-  return in.sixteen_bit && d == in.headdim_v && (d == 64 || d == 128 || d == 256) && in.max_seqlen_q >= 64 &&
-         in.one_split && (in.page_size == 0 || (sm90_page_fits(in.page_size, d) && !in.has_leftpad));
+  return in.sixteen_bit && d == in.headdim_v && (d == 64 || d == 128 || d == 256) && !in.has_qv &&
+         in.max_seqlen_q >= 64 && in.one_split && sm90_reads_pages(in);
 }
 
 // Rows, first match wins: the Hopper family on sm_90 (its kernels are sm_90a code) for the calls

@@ -62,12 +62,19 @@ struct Sm90OptOut {
   ~Sm90OptOut() { unsetenv("KVFLASH_SM90"); }
 };
 
+// KVFLASH_SM90_SMALL_PAGES=1 for one test's scope (pages below a key block on sm90, opt-in).
+struct Sm90SmallPages {
+  Sm90SmallPages() { setenv("KVFLASH_SM90_SMALL_PAGES", "1", 1); }
+  ~Sm90SmallPages() { unsetenv("KVFLASH_SM90_SMALL_PAGES"); }
+};
+
 // What the dispatcher must launch for a call, from the call's own values (as the kernels see
 // them: packed rows = s_q x group), and what the Plan says, agree on every random case for every
 // arch; the Plan's kernel is in the table, its compiled tile is the Plan's tile and the grid's
 // rows per CTA are the kernel's.
 TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
   const int archs[] = {80, 86, 89, 90, 100, 120};
+  const Sm90SmallPages small_pages;  // the GPU runner's setting (tests/gpu/run.sh)
   int checked = 0, sm90 = 0, sm90_small_pages = 0;
   std::set<std::tuple<int, int, int, int>> kernels;
   // The default draws, then prefill shapes (the sm90 family's head dims, >= 64 query rows).
@@ -95,6 +102,7 @@ TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
       call.has_leftpad = p.args.cache_leftpad.has_value();
       call.one_split = core::family_inputs(key).one_split;
       call.sm90_enabled = true;  // the planner's split rule decides it
+      call.sm90_small_pages = true;
       call.has_qv = p.has_qv;
       EXPECT_EQ(plan.kernel, core::choose_kernel(call));
       if (plan.kernel.family == KernelFamily::sm90) {
@@ -192,6 +200,11 @@ TEST(KernelFamily, Sm90PageSizes) {
   core::FamilyInputs in{90, true, 128, 128, 4096};
   in.max_seqlen_q = 64;
   in.one_split = true;
+  in.page_size = 64;
+  EXPECT_EQ(core::kernel_family(in), KernelFamily::sm80);  // not opted in: whole blocks only
+  in.page_size = 256;
+  EXPECT_EQ(core::kernel_family(in), KernelFamily::sm90);
+  in.sm90_small_pages = true;
   const auto family = [&](int d, int page_size, bool leftpad = false) {
     core::FamilyInputs c = in;
     c.headdim = c.headdim_v = d, c.page_size = page_size, c.has_leftpad = leftpad;
@@ -217,12 +230,16 @@ TEST(KernelFamily, Sm90PlansPagedPrefill) {
   PlanKey raw;
   raw.batch = 1, raw.max_seqlen_q = 4096, raw.max_seqlen_k = 4096;
   raw.num_heads = raw.num_heads_k = 16, raw.headdim = raw.headdim_v = 128, raw.dtype = DType::bf16;
-  for (int page : {16, 64, 1, 3}) {
+  const auto family = [&](int page) {
     PlanKey key = raw;
     key.page_size = page;
     key = core::canonical_key(key, core::DeviceInfo{132, 90});
-    const Plan plan = core::static_plan(key);
-    EXPECT_EQ(plan.kernel.family, page >= 16 ? KernelFamily::sm90 : KernelFamily::sm80) << page;
+    return core::static_plan(key).kernel.family;
+  };
+  for (int page : {16, 64}) EXPECT_EQ(family(page), KernelFamily::sm80) << page;  // not opted in
+  const Sm90SmallPages small_pages;
+  for (int page : {16, 64, 1, 3}) {
+    EXPECT_EQ(family(page), page >= 16 ? KernelFamily::sm90 : KernelFamily::sm80) << page;
   }
 }
 
