@@ -136,7 +136,7 @@ FamilyInputs family_inputs(const PlanKey& key) {
   in.max_seqlen_q = key.max_seqlen_q;
   in.page_size = key.page_size;
   in.has_leftpad = key.has_leftpad;
-  in.sm90_enabled = sm90_allowed();
+  in.sm90_enabled = key.arch == 90 && sm90_allowed();  // the environment is read only where it decides
   // The sm90 kernels run one split: a call that asks for more, or that FA3's rule would split
   // at the sm90 tile, stays on the sm80 family.
   if (key.num_splits <= 1 && key.arch == 90) {
