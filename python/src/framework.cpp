@@ -68,7 +68,8 @@ void set_framework_hooks(nb::handle allocate, nb::handle current_stream) {
   current_stream_hook = current_stream.inc_ref().ptr();
 }
 
-CallerFramework::CallerFramework(nb::handle like, Device device) : like_(like), device_(device) {
+CallerFramework::CallerFramework(nb::handle like, const TensorView* like_view, Device device)
+    : like_(like), like_view_(like_view), device_(device) {
   const TorchTypes* torch = torch_types();
   if (torch && PyObject_TypeCheck(like.ptr(), torch->tensor)) {
     torch_ = torch;
@@ -81,12 +82,9 @@ nb::object CallerFramework::output(const TensorSpec& spec) const {
     nb::object shape = shape_tuple(spec);
     return hook(allocate_hook, "allocate")(like_, shape, static_cast<int>(spec.dtype));
   }
-  if (exchange_ != nullptr) {
-    if (OptTensor view = exchange_view(*exchange_, like_);
-        view && empty_like_matches(like_, *torch_, *view, spec)) {
-      PyObject* args[] = {like_.ptr()};
-      return checked(PyObject_Vectorcall(torch_->empty_like, args, 1, nullptr));
-    }
+  if (like_view_ != nullptr && empty_like_matches(like_, *torch_, *like_view_, spec)) {
+    PyObject* args[] = {like_.ptr()};
+    return checked(PyObject_Vectorcall(torch_->empty_like, args, 1, nullptr));
   }
   return torch_empty(like_, *torch_, spec);
 }
