@@ -59,4 +59,11 @@ nb::object checked(PyObject* result);
 // True when `obj` is a numpy.ndarray.
 bool is_numpy_array(nb::handle obj);
 
+// What kvflash uses of numpy (imported on first use; numpy is a dependency).
+struct NumpyApi {
+  PyTypeObject* ndarray = nullptr;
+  PyObject* empty_like = nullptr;  // numpy.empty_like
+};
+const NumpyApi& numpy_api();
+
 }  // namespace kvflash::python
