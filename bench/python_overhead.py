@@ -19,19 +19,22 @@ the rows above it are the Python side's cost. Rows (host us per call, min over r
                     call (validation, planning, launches; on the CPU also the kernel)
   configuration_key the scheduling backend's per-call key (one crossing)
   output_spec, make_plan   binding crossings that import the call and validate / plan it
-  torch.empty_like  one torch.empty_like of q, for scale
+  torch.empty_like  one empty_like of q (numpy.empty_like with --framework numpy), for scale
 
 and the breakdown of `wrapper`: Python wrapper (wrapper+out - binding), output allocation
 (wrapper - wrapper+out), binding (binding - native: imports, output_spec, stream, workspace) and
 the C++ library (native).
 
     python3 bench/python_overhead.py [--device cuda|cpu] [--batch 8] [--calls 2000] [--json out.json]
+    python3 bench/python_overhead.py --device cpu --framework numpy   # the same rows on numpy
+                                                                       # arrays (float16)
 """
 
 import argparse
 import json
 import time
 
+import numpy as np
 import torch
 
 import kvflash
@@ -59,6 +62,15 @@ def decode_problem(device, batch, heads, heads_k, headdim, page_size, seqlen):
         cache_seqlens=torch.full((batch,), seqlen, device=device, dtype=torch.int32),
         causal=True,
     )
+
+
+def as_numpy(kw):
+    """The problem's tensors as numpy arrays (float16: numpy has no bfloat16 of its own)."""
+    def convert(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        return t.numpy() if t.dtype == torch.int32 else t.float().numpy().astype(np.float16)
+    return {name: convert(t) for name, t in kw.items()}
 
 
 def synchronize(device):
@@ -100,6 +112,8 @@ def parse_args():
     for name in DEFAULTS["cuda"]:
         parser.add_argument("--" + name.replace("_", "-"), type=int,
                             help=f"default {DEFAULTS['cuda'][name]} on cuda, {DEFAULTS['cpu'][name]} on cpu")
+    parser.add_argument("--framework", choices=("torch", "numpy"), default="torch",
+                        help="the caller's arrays (numpy: CPU only)")
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
@@ -107,6 +121,8 @@ def parse_args():
         args.device = "cuda" if torch.cuda.is_available() and "cuda" in kvflash.build_backends() else "cpu"
     if args.device == "cuda" and (not torch.cuda.is_available() or "cuda" not in kvflash.build_backends()):
         raise SystemExit(f"--device cuda needs a GPU and kvflash's CUDA backend (built: {kvflash.build_backends()})")
+    if args.framework == "numpy" and args.device != "cpu":
+        raise SystemExit("--framework numpy runs on the CPU only (--device cpu)")
     for name, value in DEFAULTS[args.device].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -122,11 +138,16 @@ def main():
         torch.set_num_threads(1)
     shape = {name: getattr(args, name) for name in DEFAULTS["cuda"]}
     kw = decode_problem(device, **shape)
-    out = torch.empty_like(kw["q"])
+    numpy = args.framework == "numpy"
+    if numpy:
+        kw = as_numpy(kw)
+    empty_like = np.empty_like if numpy else torch.empty_like
+    out = empty_like(kw["q"])
     pages_per_seq = kw["page_table"].shape[1]
     metadata = fai.get_scheduler_metadata(
         args.batch, 1, pages_per_seq * args.page_size, args.heads, args.heads_k, args.headdim,
-        kw["cache_seqlens"], qkv_dtype=torch.bfloat16, page_size=args.page_size, causal=True)
+        kw["cache_seqlens"], qkv_dtype="float16" if numpy else torch.bfloat16,
+        page_size=args.page_size, causal=True)
     call = _call.make(q=kw["q"], k_cache=kw["k_cache"], v_cache=kw["v_cache"],
                       cache_seqlens=kw["cache_seqlens"], page_table=kw["page_table"], causal=True)
     backend = SchedulingBackend()
@@ -146,7 +167,7 @@ def main():
         "configuration_key": lambda: _kvflash.configuration_key(call),
         "output_spec": lambda: _kvflash.output_spec(call),
         "make_plan": lambda: _kvflash.make_plan(call),
-        "torch.empty_like": lambda: torch.empty_like(kw["q"]),
+        f"{args.framework}.empty_like": lambda: empty_like(kw["q"]),
     }
     host = {}
     for name, fn in variants.items():
@@ -169,8 +190,9 @@ def main():
     if device == "cuda":
         results["gpu_us"]["wrapper"] = gpu_us_per_call(variants["wrapper"], args.calls)
 
+    dtype = "float16 numpy" if numpy else "bf16 torch"
     print(f"{results['device']}: decode b={args.batch} h={args.heads}/{args.heads_k} d={args.headdim} "
-          f"page={args.page_size} seqlen={args.seqlen}, bf16, kvflash {kvflash.build_backends()}")
+          f"page={args.page_size} seqlen={args.seqlen}, {dtype}, kvflash {kvflash.build_backends()}")
     for name, us in host.items():
         print(f"  host {name:<20} {us:8.2f} us/call")
     print(f"  breakdown of host wrapper ({host['wrapper']:.2f} us/call):")

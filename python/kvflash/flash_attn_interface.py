@@ -155,20 +155,19 @@ def flash_attn_with_kvcache(
         _check_ver(ver)
     if score_mod is not None or aux_tensors is not None:
         _reject_fa4_only(score_mod, aux_tensors)
+    compiling = _torch_ops is not None and torch.compiler.is_compiling()
+    if scheduler_metadata is not None and not compiling:
+        scheduler_metadata = _plan_for(scheduler_metadata)  # before the tuple: no second tuple
     # _call.make's tuple, written out: a call of make would cost a frame per attention call.
     call = (q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
             q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
             softcap, rotary_interleaved, scheduler_metadata, num_splits, pack_gqa, sm_margin, sinks,
             only_qv, batch_invariant, False)
-    if _torch_ops is not None and torch.compiler.is_compiling():
+    if compiling:
         return _torch_ops.traced_kvcache(call, return_softmax_lse, out)
     # FA3's last-dimension asserts on k_cache / v_cache are made by the extension (one crossing).
-    if scheduler_metadata is not None:
-        plan = _plan_for(scheduler_metadata)
-        if plan is not scheduler_metadata:
-            call = _call.with_metadata(call, plan)
-    else:
+    if scheduler_metadata is None:
         batch = _scheduling.active_batch()
         if batch is not None:  # the engine's batch supplies this configuration's metadata
             metadata = batch.metadata_for(call)

@@ -1,6 +1,8 @@
 #include "call_args.h"
 
+#include <climits>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -85,22 +87,39 @@ void read_metadata(nb::handle metadata, TensorImporter& importer, KvCacheArgs& a
 
 // FA3's Python-level `assert k_cache.stride(-1) == 1, "..."`, made before anything else is
 // read, for the caches of the frameworks FA3's callers use (torch, numpy); others are left to
-// the C++ checks. A cache that cannot be read at all is reported by the full import after this.
-void assert_last_dim_contiguous(nb::handle cache, const char* name, const char* message) {
-  if (cache.is_none() || !(is_torch_tensor(cache) || is_numpy_array(cache))) return;
+// the C++ checks. Returns the cache's view for the call to keep (one import per cache), nullopt
+// when it was not read here: a cache that cannot be read at all is then reported by the full
+// import, in the order of the arguments.
+OptTensor assert_last_dim_contiguous(nb::handle cache, const char* name, bool writable, const char* message,
+                                     TensorImporter& importer) {
+  if (cache.is_none() || !(is_torch_tensor(cache) || is_numpy_array(cache))) return std::nullopt;
   OptTensor view;
   try {
-    TensorImporter importer;
-    view = importer.optional(cache, name);
+    view = importer.optional(cache, name, writable);
   } catch (const Error&) {
-    return;
+    return std::nullopt;
   } catch (const nb::python_error&) {
-    return;
+    return std::nullopt;
   }
   if (view && view->rank > 0 && view->size(-1) > 1 && view->stride(-1) != 1) {
     PyErr_SetString(PyExc_AssertionError, message);
     throw nb::python_error();
   }
+  return view;
+}
+
+// window_size's usual form, a tuple of two Python ints, read without the general path's calls.
+std::optional<std::pair<int, int>> plain_window_pair(nb::handle obj) {
+  if (!PyTuple_CheckExact(obj.ptr()) || PyTuple_GET_SIZE(obj.ptr()) != 2) return std::nullopt;
+  PyObject* left = PyTuple_GET_ITEM(obj.ptr(), 0);
+  PyObject* right = PyTuple_GET_ITEM(obj.ptr(), 1);
+  if (!PyLong_CheckExact(left) || !PyLong_CheckExact(right)) return std::nullopt;
+  int overflow_left = 0, overflow_right = 0;
+  const long l = PyLong_AsLongAndOverflow(left, &overflow_left);
+  const long r = PyLong_AsLongAndOverflow(right, &overflow_right);
+  if (overflow_left || overflow_right || l < INT32_MIN || l > INT32_MAX || r < INT32_MIN || r > INT32_MAX)
+    return std::nullopt;  // the general path reports the range in its words
+  return std::pair<int, int>{int(l), int(r)};
 }
 
 }  // namespace
@@ -109,12 +128,15 @@ KvCacheArgs call_args(nb::handle call, TensorImporter& importer) {
   if (!PyTuple_Check(call.ptr()) || PyTuple_GET_SIZE(call.ptr()) != kCallFieldCount)
     throw Error(ErrorKind::invalid_type, "", "internal: malformed call tuple");
   auto at = [&](CallField f) { return nb::handle(PyTuple_GET_ITEM(call.ptr(), f)); };
-  assert_last_dim_contiguous(at(kKCache), "k_cache", "k_cache must have contiguous last dimension");
-  assert_last_dim_contiguous(at(kVCache), "v_cache", "v_cache must have contiguous last dimension");
+  const bool k_written = !at(kK).is_none(), v_written = !at(kV).is_none();
+  const OptTensor k_cache = assert_last_dim_contiguous(
+      at(kKCache), "k_cache", k_written, "k_cache must have contiguous last dimension", importer);
+  const OptTensor v_cache = assert_last_dim_contiguous(
+      at(kVCache), "v_cache", v_written, "v_cache must have contiguous last dimension", importer);
   KvCacheArgs a;
   a.q = importer.optional(at(kQ), "q");
-  a.k_cache = importer.optional(at(kKCache), "k_cache", /*writable=*/!at(kK).is_none());
-  a.v_cache = importer.optional(at(kVCache), "v_cache", /*writable=*/!at(kV).is_none());
+  a.k_cache = k_cache ? k_cache : importer.optional(at(kKCache), "k_cache", k_written);
+  a.v_cache = v_cache ? v_cache : importer.optional(at(kVCache), "v_cache", v_written);
   a.k = importer.optional(at(kK), "k");
   a.v = importer.optional(at(kV), "v");
   a.qv = importer.optional(at(kQv), "qv");
@@ -138,7 +160,8 @@ KvCacheArgs call_args(nb::handle call, TensorImporter& importer) {
   if (!at(kSoftmaxScale).is_none())
     a.softmax_scale = static_cast<float>(to_double(at(kSoftmaxScale), "softmax_scale"));
   a.causal = to_bool(at(kCausal));
-  std::tie(a.window_left, a.window_right) = window_pair(at(kWindowSize));
+  const std::optional<std::pair<int, int>> window = plain_window_pair(at(kWindowSize));
+  std::tie(a.window_left, a.window_right) = window ? *window : window_pair(at(kWindowSize));
   a.attention_chunk = at(kAttentionChunk).is_none() ? 0 : to_int(at(kAttentionChunk), "attention_chunk");
   // None reads as FA3's default for these scalars (0: no softcap, no margin), as engines pass it.
   if (!at(kSoftcap).is_none()) a.softcap = static_cast<float>(to_double(at(kSoftcap), "softcap"));

@@ -16,12 +16,11 @@ nb::handle hook(PyObject* h, const char* name) {
   return h;
 }
 
-// `like` is exactly a torch.Tensor laid out row-major with `spec`'s shape and dtype, strides of
-// size-1 dimensions included: torch.empty_like(like) then makes what torch.empty(spec) would,
-// without parsing a shape (the decode step's `out` has q's shape and dtype).
-bool empty_like_matches(nb::handle like, const TorchTypes& torch, const TensorView& view,
-                        const TensorSpec& spec) {
-  if (Py_TYPE(like.ptr()) != torch.tensor || view.dtype != spec.dtype || view.rank != spec.rank)
+// `like` (seen as `view`) is an object of exactly `type` laid out row-major with `spec`'s shape
+// and dtype, strides of size-1 dimensions included: its framework's empty_like(like) then makes
+// what empty(spec) would, without parsing a shape (the decode step's `out` has q's shape and dtype).
+bool empty_like_matches(nb::handle like, PyTypeObject* type, const TensorView& view, const TensorSpec& spec) {
+  if (Py_TYPE(like.ptr()) != type || view.dtype != spec.dtype || view.rank != spec.rank)
     return false;
   int64_t expected = 1;
   for (int i = spec.rank - 1; i >= 0; --i) {
@@ -68,7 +67,8 @@ void set_framework_hooks(nb::handle allocate, nb::handle current_stream) {
   current_stream_hook = current_stream.inc_ref().ptr();
 }
 
-CallerFramework::CallerFramework(nb::handle like, Device device) : like_(like), device_(device) {
+CallerFramework::CallerFramework(nb::handle like, const TensorView* like_view, Device device)
+    : like_(like), like_view_(like_view), device_(device) {
   const TorchTypes* torch = torch_types();
   if (torch && PyObject_TypeCheck(like.ptr(), torch->tensor)) {
     torch_ = torch;
@@ -77,21 +77,21 @@ CallerFramework::CallerFramework(nb::handle like, Device device) : like_(like), 
 }
 
 nb::object CallerFramework::output(const TensorSpec& spec) const {
+  PyObject* args[] = {like_.ptr()};
   if (torch_ == nullptr) {
+    if (like_view_ != nullptr && is_numpy_array(like_) &&
+        empty_like_matches(like_, numpy_api().ndarray, *like_view_, spec))
+      return checked(PyObject_Vectorcall(numpy_api().empty_like, args, 1, nullptr));
     nb::object shape = shape_tuple(spec);
     return hook(allocate_hook, "allocate")(like_, shape, static_cast<int>(spec.dtype));
   }
-  if (exchange_ != nullptr) {
-    if (OptTensor view = exchange_view(*exchange_, like_);
-        view && empty_like_matches(like_, *torch_, *view, spec)) {
-      PyObject* args[] = {like_.ptr()};
-      return checked(PyObject_Vectorcall(torch_->empty_like, args, 1, nullptr));
-    }
-  }
+  if (like_view_ != nullptr && empty_like_matches(like_, torch_->tensor, *like_view_, spec))
+    return checked(PyObject_Vectorcall(torch_->empty_like, args, 1, nullptr));
   return torch_empty(like_, *torch_, spec);
 }
 
 void* CallerFramework::stream() const {
+  if (device_.type == DeviceType::cpu) return nullptr;  // every framework's answer on the CPU
   if (exchange_ != nullptr) {
     if (std::optional<void*> s = exchange_current_stream(*exchange_, device_)) return *s;
   }

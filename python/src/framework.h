@@ -23,8 +23,9 @@ void set_framework_hooks(nb::handle allocate, nb::handle current_stream);
 
 class CallerFramework {
  public:
-  // `like`: the call's q (v_cache without q), whose framework and device the outputs share.
-  CallerFramework(nb::handle like, Device device);
+  // `like`: the call's q (v_cache without q), whose framework and device the outputs share;
+  // `like_view` as the call imported it (nullptr when absent), so that it is not read again.
+  CallerFramework(nb::handle like, const TensorView* like_view, Device device);
 
   // An uninitialised output of `spec` on the call's device.
   nb::object output(const TensorSpec& spec) const;
@@ -37,6 +38,7 @@ class CallerFramework {
 
  private:
   nb::handle like_;
+  const TensorView* like_view_;
   Device device_;
   const TorchTypes* torch_ = nullptr;          // set when like is a torch tensor
   const DLPackExchangeApi* exchange_ = nullptr;  // like's exchange table, if any

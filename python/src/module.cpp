@@ -36,7 +36,7 @@ class ImportedCall {
  public:
   ImportedCall(nb::handle call, nb::handle out, bool return_lse)
       : args_(call_args(call, importer_)),
-        framework_(PyTuple_GET_ITEM(call.ptr(), args_.q ? kQ : kVCache), device_of(args_)),
+        framework_(PyTuple_GET_ITEM(call.ptr(), args_.q ? kQ : kVCache), like_view(args_), device_of(args_)),
         prepared_(args_) {  // validates first: no output is allocated for a bad call
     allocate(out, return_lse);
   }
@@ -52,6 +52,10 @@ class ImportedCall {
   }
 
  private:
+  static const TensorView* like_view(const KvCacheArgs& a) {
+    const OptTensor& like = a.q ? a.q : a.v_cache;
+    return like ? &*like : nullptr;
+  }
   static Device device_of(const KvCacheArgs& a) {
     if (a.q) return a.q->device;
     return a.v_cache ? a.v_cache->device : Device{};

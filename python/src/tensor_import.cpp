@@ -1,6 +1,8 @@
 #include "tensor_import.h"
 
+#include <bit>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "dlpack_exchange.h"
@@ -139,19 +141,57 @@ TensorView torch_view(nb::handle obj, const char* name, const TorchTypes& torch)
   return v;
 }
 
-PyTypeObject* numpy_ndarray_type() {
-  static PyTypeObject* ndarray_type = nullptr;
-  if (!ndarray_type) {
-    nb::module_ numpy = nb::module_::import_("numpy");
-    ndarray_type = reinterpret_cast<PyTypeObject*>(numpy.attr("ndarray").inc_ref().ptr());
+
+// The dtype of a buffer-protocol format (struct module characters, native or little-endian on a
+// little-endian host) of `itemsize` bytes; nullopt for anything else.
+std::optional<DType> buffer_dtype(const char* format, Py_ssize_t itemsize) {
+  if (format == nullptr) return std::nullopt;
+  if (*format == '@' || *format == '=' || (*format == '<' && std::endian::native == std::endian::little)) ++format;
+  if (format[0] == '\0' || format[1] != '\0') return std::nullopt;
+  switch (format[0]) {
+    case 'e': return itemsize == 2 ? std::optional(DType::f16) : std::nullopt;
+    case 'f': return itemsize == 4 ? std::optional(DType::f32) : std::nullopt;
+    case 'd': return itemsize == 8 ? std::optional(DType::f64) : std::nullopt;
+    case 'i': return itemsize == 4 ? std::optional(DType::i32) : std::nullopt;
   }
-  return ndarray_type;
+  return std::nullopt;
+}
+
+// A numpy array through the buffer protocol: numpy describes itself in place, where nanobind's
+// import would have it make a DLPack capsule (about a third of a microsecond per array, on every
+// call). Nullopt, with nothing raised, for what this does not read (dtypes kvflash does not take,
+// byte-swapped or read-only arrays asked for writing, more than kMaxRank dimensions, strides not
+// in whole elements): the general import then reads the array or reports it in its own words.
+OptTensor numpy_buffer_view(nb::handle obj, bool writable) {
+  Py_buffer buffer;
+  if (PyObject_GetBuffer(obj.ptr(), &buffer, PyBUF_RECORDS_RO | (writable ? PyBUF_WRITABLE : 0)) != 0) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  OptTensor view;
+  const std::optional<DType> dtype = buffer_dtype(buffer.format, buffer.itemsize);
+  bool whole = dtype && buffer.ndim <= kMaxRank;
+  for (int i = 0; whole && i < buffer.ndim; ++i) whole = buffer.strides[i] % buffer.itemsize == 0;
+  if (whole) {
+    TensorView& v = view.emplace();
+    v.data = buffer.buf;
+    v.dtype = *dtype;
+    v.rank = buffer.ndim;
+    for (int i = 0; i < v.rank; ++i) {
+      v.shape[i] = buffer.shape[i];
+      v.strides[i] = buffer.strides[i] / buffer.itemsize;
+    }
+    v.device = Device{DeviceType::cpu, 0};
+    normalize_empty(v);
+  }
+  PyBuffer_Release(&buffer);  // the caller's array keeps the memory alive for the call
+  return view;
 }
 
 // numpy arrays of ml_dtypes' bfloat16 / float8_e4m3fn: numpy can export neither through DLPack
 // nor through the buffer protocol, so the binding reads them as same-width unsigned integers.
 std::optional<DType> ml_dtype_of(nb::handle obj) {
-  if (!PyObject_TypeCheck(obj.ptr(), numpy_ndarray_type())) return std::nullopt;
+  if (!PyObject_TypeCheck(obj.ptr(), numpy_api().ndarray)) return std::nullopt;
   const Names& n = names();
   nb::object dtype = checked(PyObject_GetAttr(obj.ptr(), n.dtype));
   nb::object kind = checked(PyObject_GetAttr(dtype.ptr(), n.kind));
@@ -198,7 +238,19 @@ bool is_torch_tensor(nb::handle obj) {
   return torch && PyObject_TypeCheck(obj.ptr(), torch->tensor);
 }
 
-bool is_numpy_array(nb::handle obj) { return PyObject_TypeCheck(obj.ptr(), numpy_ndarray_type()); }
+const NumpyApi& numpy_api() {
+  static const NumpyApi* api = nullptr;  // kept for the life of the process, like numpy itself
+  if (!api) {
+    nb::module_ numpy = nb::module_::import_("numpy");
+    auto* a = new NumpyApi();
+    a->ndarray = reinterpret_cast<PyTypeObject*>(numpy.attr("ndarray").inc_ref().ptr());
+    a->empty_like = numpy.attr("empty_like").inc_ref().ptr();
+    api = a;
+  }
+  return *api;
+}
+
+bool is_numpy_array(nb::handle obj) { return PyObject_TypeCheck(obj.ptr(), numpy_api().ndarray); }
 
 OptTensor torch_exchange_view(nb::handle tensor) {
   const TorchTypes* torch = torch_types();
@@ -223,6 +275,9 @@ OptTensor TensorImporter::optional(nb::handle obj, const char* name, bool writab
     return torch_view(obj, name, *torch);
   }
 
+  if (is_numpy_array(obj)) {
+    if (OptTensor v = numpy_buffer_view(obj, writable)) return v;
+  }
   nb::object source = nb::borrow(obj);
   const std::optional<DType> retype = ml_dtype_of(obj);
   if (retype) {

@@ -5,8 +5,9 @@
 // dtype, device), which also report the errors in torch's words: either costs far less than
 // torch's Python-level __dlpack__, and this is the per-call path of a decode step. numpy arrays holding ml_dtypes' bfloat16 / float8_e4m3fn
 // (which neither numpy's DLPack nor its buffer protocol can describe) are viewed as unsigned
-// integers of the same width and retyped. Everything else (numpy, CuPy, JAX, ...) goes through
-// nanobind's DLPack / buffer-protocol import.
+// integers of the same width and retyped. Other numpy arrays are read through the buffer protocol
+// (numpy describes itself in place); everything else (CuPy, JAX, ...) and what the buffer protocol
+// does not describe go through nanobind's DLPack / buffer-protocol import.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -58,5 +59,12 @@ nb::object checked(PyObject* result);
 
 // True when `obj` is a numpy.ndarray.
 bool is_numpy_array(nb::handle obj);
+
+// What kvflash uses of numpy (imported on first use; numpy is a dependency).
+struct NumpyApi {
+  PyTypeObject* ndarray = nullptr;
+  PyObject* empty_like = nullptr;  // numpy.empty_like
+};
+const NumpyApi& numpy_api();
 
 }  // namespace kvflash::python

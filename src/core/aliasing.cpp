@@ -5,10 +5,12 @@
 // on object identity: two views of one buffer overlap when some element of one has the address
 // of an element of the other. Tensors that are only read may share memory freely.
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -25,18 +27,38 @@ struct Named {
   const TensorView* view;
 };
 
+// A list of fixed capacity: the check allocates nothing for a call that passes (it runs on every
+// call).
+template <class T, size_t N>
+struct SmallList {
+  std::array<T, N> items{};
+  size_t count = 0;
+  void push_back(const T& v) { items[count++] = v; }
+  size_t size() const { return count; }
+  const T* begin() const { return items.data(); }
+  const T* end() const { return items.data() + count; }
+  T* begin() { return items.data(); }
+  T* end() { return items.data() + count; }
+  const T& operator[](size_t i) const { return items[i]; }
+};
+
 struct Dim {
   int64_t size;
   Wide stride;  // |stride| in elements
 };
+using Dims = SmallList<Dim, kMaxRank>;
 
 // The dimensions that address more than one element, by increasing |stride|.
-std::vector<Dim> moving_dims(const TensorView& t) {
-  std::vector<Dim> dims;
+Dims moving_dims(const TensorView& t) {
+  Dims dims;
   for (int i = 0; i < t.rank; ++i) {
     if (t.shape[i] > 1) dims.push_back({t.shape[i], t.strides[i] < 0 ? -Wide{t.strides[i]} : t.strides[i]});
   }
-  std::sort(dims.begin(), dims.end(), [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
+  // Insertion sort: at most kMaxRank entries.
+  for (size_t i = 1; i < dims.size(); ++i) {
+    for (size_t j = i; j > 0 && dims.items[j].stride < dims.items[j - 1].stride; --j)
+      std::swap(dims.items[j], dims.items[j - 1]);
+  }
   return dims;
 }
 
@@ -75,7 +97,7 @@ bool overlaps_itself(const TensorView& t) {
 // Is `delta` (elements) a difference of two offsets of layout `dims`, i.e. the sum of c_i *
 // stride_i with |c_i| < size_i? Exact when each dimension leaves at most two choices of c_i
 // (nested strides, as views of one buffer have); otherwise it answers yes (overlap assumed).
-bool reachable(Wide delta, const std::vector<Dim>& dims, int i, const std::vector<Wide>& inner) {
+bool reachable(Wide delta, const Dims& dims, int i, const std::array<Wide, kMaxRank>& inner) {
   if (i < 0) return delta == 0;
   const Dim& d = dims[i];
   const Wide lo_raw = delta - inner[i], hi_raw = delta + inner[i];
@@ -109,8 +131,8 @@ bool share_memory(const TensorView& a, const TensorView& b) {
   const Wide delta = static_cast<Wide>(reinterpret_cast<uintptr_t>(b.data)) -
                      static_cast<Wide>(reinterpret_cast<uintptr_t>(a.data));
   if (!same_layout(a, b) || delta % bytes != 0) return true;
-  const std::vector<Dim> dims = moving_dims(a);
-  std::vector<Wide> inner(dims.size());
+  const Dims dims = moving_dims(a);
+  std::array<Wide, kMaxRank> inner{};
   Wide span = 0;
   for (size_t i = 0; i < dims.size(); ++i) {
     inner[i] = span;
@@ -129,31 +151,33 @@ std::string byte_range(const TensorView& t) {
   return "[" + hex(e.begin) + ", " + hex(e.end) + ")";
 }
 
-std::vector<Named> present(std::initializer_list<std::pair<const char*, const OptTensor*>> list) {
-  std::vector<Named> named;
-  for (const auto& [name, t] : list) {
-    if (*t) named.push_back({name, &**t});
+// Every tensor argument of a call (all_tensors) and its four outputs.
+using NamedList = SmallList<Named, std::tuple_size_v<decltype(all_tensors(KvCacheArgs{}))> + 4>;
+
+void add_present(NamedList& list, std::initializer_list<std::pair<const char*, const OptTensor*>> tensors) {
+  for (const auto& [name, t] : tensors) {
+    if (*t) list.push_back({name, &**t});
   }
-  return named;
 }
 
 }  // namespace
 
 void check_no_aliasing(const KvCacheArgs& a, const Outputs* outputs) {
-  std::vector<Named> all;
-  for (const NamedTensor& n : all_tensors(a)) {
-    if (*n.tensor) all.push_back({n.name, &**n.tensor});
-  }
-  std::vector<Named> written;
-  if (a.k) written = present({{"k_cache", &a.k_cache}, {"v_cache", &a.v_cache}});
+  NamedList all;
+  for (const NamedTensor& n : all_tensors(a)) add_present(all, {{n.name, n.tensor}});
+  NamedList written;
+  if (a.k) add_present(written, {{"k_cache", &a.k_cache}, {"v_cache", &a.v_cache}});
   if (outputs) {
     const Outputs& o = *outputs;
-    std::vector<Named> outs = present({{"softmax_lse", &o.softmax_lse},
-                                       {"out_accum", &o.out_accum},
-                                       {"softmax_lse_accum", &o.softmax_lse_accum}});
-    outs.insert(outs.begin(), {"out", &o.out});
-    written.insert(written.end(), outs.begin(), outs.end());
-    all.insert(all.end(), outs.begin(), outs.end());
+    NamedList outs;
+    outs.push_back({"out", &o.out});
+    add_present(outs, {{"softmax_lse", &o.softmax_lse},
+                       {"out_accum", &o.out_accum},
+                       {"softmax_lse_accum", &o.softmax_lse_accum}});
+    for (const Named& n : outs) {
+      written.push_back(n);
+      all.push_back(n);
+    }
   }
   for (const Named& w : written) {
     if (overlaps_itself(*w.view)) {

@@ -1,6 +1,9 @@
 // The public entry points of kvflash.h: each validates everything, resolves the Problem, checks
 // the index values it can read, picks the Plan and the outputs, and only then lets a backend
 // write. get_scheduler_metadata lives with the planner.
+#include <algorithm>
+#include <initializer_list>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -76,11 +79,11 @@ Plan plan_for(const Problem& p) {
   return core::plan_from_metadata(metadata, p, values.data());
 }
 
-TensorSpec tensor_spec(DType dtype, std::vector<int64_t> shape) {
+TensorSpec tensor_spec(DType dtype, std::initializer_list<int64_t> shape) {
   TensorSpec spec;
   spec.dtype = dtype;
   spec.rank = static_cast<int>(shape.size());
-  for (int i = 0; i < spec.rank; ++i) spec.shape[i] = shape[i];
+  std::copy(shape.begin(), shape.end(), spec.shape);
   return spec;
 }
 
@@ -102,17 +105,18 @@ OutputSpec spec_for(const Problem& p, int num_splits) {
   return spec;
 }
 
-std::vector<int64_t> dims(const TensorSpec& spec) {
-  return std::vector<int64_t>(spec.shape, spec.shape + spec.rank);
-}
+std::span<const int64_t> dims(const TensorSpec& spec) { return {spec.shape, size_t(spec.rank)}; }
 
-void check_output(const TensorView& t, const char* name, const TensorSpec& spec,
-                  const std::string& layout, Device device) {
+// The messages are made only when a check fails (this runs on every call that returns the LSE).
+void check_output(const TensorView& t, const char* name, const TensorSpec& spec, const char* layout,
+                  Device device) {
   core::require_well_formed(t, name);
   core::require_device(t, name, device);
-  core::require_dtype(t, name, spec.dtype,
-                      std::string(name) + " must have dtype " + dtype_name(spec.dtype));
-  core::require_shape(t, name, dims(spec), std::string(name) + " must have shape " + layout);
+  if (t.dtype != spec.dtype) {
+    core::require_dtype(t, name, spec.dtype, std::string(name) + " must have dtype " + dtype_name(spec.dtype));
+  }
+  if (!std::ranges::equal(std::span<const int64_t>(t.shape, size_t(t.rank)), dims(spec)))
+    core::require_shape(t, name, dims(spec), std::string(name) + " must have shape " + layout);
 }
 
 // The outputs the backend may write: every given tensor checked; split partials kept only when

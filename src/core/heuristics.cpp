@@ -144,8 +144,9 @@ FamilyInputs family_inputs(const PlanKey& key) {
   in.max_seqlen_q = key.max_seqlen_q;
   in.page_size = key.page_size;
   in.has_leftpad = key.has_leftpad;
-  in.sm90_enabled = sm90_allowed();
-  in.sm90_small_pages = sm90_small_pages_allowed();
+  // The environment is read only where it decides.
+  in.sm90_enabled = key.arch == 90 && sm90_allowed();
+  in.sm90_small_pages = key.arch == 90 && sm90_small_pages_allowed();
   in.has_qv = key.has_qv;
   // The sm90 kernels run one split: a call that asks for more, or that FA3's rule would split
   // at the sm90 tile, stays on the sm80 family.

@@ -6,6 +6,7 @@
 // filled from the static bounds (max_seqlen_q query rows, the cache capacity in keys for every
 // sequence) and the CUDA backend refreshes them on the device before the kernels run.
 #include <algorithm>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -40,14 +41,14 @@ struct Decision {
   const char* name;
   int plan_value, call_value;
 };
-std::vector<Decision> decisions(const Plan& given, const Plan& own) {
-  return {{"block_m", given.block_m, own.block_m},
+std::array<Decision, 7> decisions(const Plan& given, const Plan& own) {
+  return {{{"block_m", given.block_m, own.block_m},
           {"block_n", given.block_n, own.block_n},
           {"num_splits", given.num_splits, own.num_splits},
           {"pack_gqa", given.pack_gqa, own.pack_gqa},
           {"is_causal", given.is_causal, own.is_causal},
           {"is_local", given.is_local, own.is_local},
-          {"has_semaphore", given.has_semaphore, own.has_semaphore}};
+          {"has_semaphore", given.has_semaphore, own.has_semaphore}}};
 }
 
 // The given plan's static decisions must be the ones this call makes itself: out_accum, the

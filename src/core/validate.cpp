@@ -35,7 +35,7 @@ void fail(ErrorKind kind, const std::string& argument, const std::string& messag
   throw Error(kind, argument, message);
 }
 
-std::string dims_string(const std::vector<int64_t>& dims) {
+std::string dims_string(std::span<const int64_t> dims) {
   std::string s = "(";
   for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + to_string(dims[i]);
   return s + (dims.size() == 1 ? ",)" : ")");
@@ -89,37 +89,35 @@ void require_device(const TensorView& t, const char* name, Device expected, cons
   }
 }
 
-void require_dtype(const TensorView& t, const char* name, DType expected,
-                   const std::string& message) {
+void require_dtype(const TensorView& t, const char* name, DType expected, std::string_view message) {
   if (t.dtype != expected) {
     fail(ErrorKind::invalid_type, name,
-         message + " (expected " + dtype_name(expected) + ", got " + dtype_name(t.dtype) + ")");
+         std::string(message) + " (expected " + dtype_name(expected) + ", got " + dtype_name(t.dtype) + ")");
   }
 }
 
-void require_rank(const TensorView& t, const char* name, int expected, const std::string& layout) {
+void require_rank(const TensorView& t, const char* name, int expected, std::string_view layout) {
   if (t.rank != expected) {
     fail(ErrorKind::invalid_value, name,
-         std::string(name) + " must have rank " + to_string(expected) + " " + layout +
+         std::string(name) + " must have rank " + to_string(expected) + " " + std::string(layout) +
              " (got rank " + to_string(t.rank) + ", shape " + t.shape_string() + ")");
   }
 }
 
-void require_shape(const TensorView& t, const char* name, const std::vector<int64_t>& expected,
-                   const std::string& message) {
+void require_shape(const TensorView& t, const char* name, std::span<const int64_t> expected,
+                   std::string_view message) {
   bool same = t.rank == static_cast<int>(expected.size());
   for (int i = 0; same && i < t.rank; ++i) same = t.shape[i] == expected[i];
   if (!same) {
     fail(ErrorKind::invalid_value, name,
-         message + " (expected " + dims_string(expected) + ", got " + t.shape_string() + ")");
+         std::string(message) + " (expected " + dims_string(expected) + ", got " + t.shape_string() + ")");
   }
 }
 
-void require_last_dim_contiguous(const TensorView& t, const char* name,
-                                 const std::string& message) {
+void require_last_dim_contiguous(const TensorView& t, const char* name, std::string_view message) {
   // With one element per row the stride of the last dimension is never used.
   if (t.rank >= 1 && t.stride(-1) != 1 && t.size(-1) > 1) {
-    fail(ErrorKind::invalid_value, name, message + " (" + stride_detail(t, name) + ")");
+    fail(ErrorKind::invalid_value, name, std::string(message) + " (" + stride_detail(t, name) + ")");
   }
 }
 
@@ -170,8 +168,8 @@ CallShape call_shape(const KvCacheArgs& args) {
   return s;
 }
 
-std::vector<NamedTensor> all_tensors(const KvCacheArgs& a) {
-  return {{"q", &a.q},
+std::array<NamedTensor, 20> all_tensors(const KvCacheArgs& a) {
+  return {{{"q", &a.q},
           {"k_cache", &a.k_cache},
           {"v_cache", &a.v_cache},
           {"k", &a.k},
@@ -190,7 +188,7 @@ std::vector<NamedTensor> all_tensors(const KvCacheArgs& a) {
           {"k_descale", &a.k_descale},
           {"v_descale", &a.v_descale},
           {"scheduler_metadata", &a.scheduler_metadata},
-          {"sinks", &a.sinks}};
+          {"sinks", &a.sinks}}};
 }
 
 namespace {
@@ -273,11 +271,9 @@ void check_inputs(const KvCacheArgs& a) {
   }
 
   const bool varlen = a.cu_seqlens_q.has_value();
-  const std::string q_layout =
-      varlen ? "(total_q, h, d) when cu_seqlens_q is given" : "(b, s_q, h, d)";
+  const char* q_layout = varlen ? "(total_q, h, d) when cu_seqlens_q is given" : "(b, s_q, h, d)";
   require_rank(query, query_name, varlen ? 3 : 4, q_layout);
-  const std::string cache_layout =
-      a.page_table ? "(num_pages, page_size, h_k, d)" : "(b_k, s_k, h_k, d)";
+  const char* cache_layout = a.page_table ? "(num_pages, page_size, h_k, d)" : "(b_k, s_k, h_k, d)";
   if (a.k_cache) require_rank(*a.k_cache, "k_cache", 4, cache_layout);
   require_rank(*a.v_cache, "v_cache", 4, cache_layout);
   if (has_q) {
@@ -290,14 +286,16 @@ void check_inputs(const KvCacheArgs& a) {
   require_last_dim_contiguous(*a.v_cache, "v_cache", "v_cache must have contiguous last dimension");
 }
 
-// An int32 index tensor of a fixed shape (FA3: dtype, contiguity, CHECK_SHAPE).
-void check_index_tensor(const OptTensor& t, const char* name, const std::vector<int64_t>& shape,
-                        const std::string& shape_text) {
+// A 1-D int32 index tensor of `length` entries, `what` naming the length ("batch_size" or
+// "batch_size + 1") in the messages (FA3: dtype, contiguity, CHECK_SHAPE). The texts are made only
+// when a check fails.
+void check_index_tensor(const OptTensor& t, const char* name, int64_t length, const char* what) {
   if (!t) return;
-  require_dtype(*t, name, DType::i32, std::string(name) + " must have dtype int32");
-  require_rank(*t, name, static_cast<int>(shape.size()), shape_text);
+  const auto text = [&] { return std::string("(") + what + ",) = (" + to_string(length) + ",)"; };
+  if (t->dtype != DType::i32) require_dtype(*t, name, DType::i32, std::string(name) + " must have dtype int32");
+  if (t->rank != 1) require_rank(*t, name, 1, text());
   require_contiguous(*t, name);
-  require_shape(*t, name, shape, std::string(name) + " must have shape " + shape_text);
+  if (t->shape[0] != length) require_shape(*t, name, {length}, std::string(name) + " must have shape " + text());
 }
 
 // Steps 4-5: page_table and cu_seqlens_q before the sizes are derived from them.
@@ -431,20 +429,17 @@ void check_scalars(const KvCacheArgs& a) {
 
 // Steps 10-13: shapes against the derived sizes, lengths, alignment.
 void check_shapes(const KvCacheArgs& a, const CallShape& s) {
-  const std::vector<int64_t> cache_dims = {s.num_cache_rows, a.v_cache->size(1), s.num_heads_k};
   if (a.k_cache) {
-    require_shape(*a.k_cache, "k_cache", {cache_dims[0], cache_dims[1], cache_dims[2], s.headdim},
-                  "k_cache must have shape " +
-                      std::string(s.paged ? "(num_pages, page_size, num_heads_k, headdim)"
-                                          : "(batch_size_k, seqlen_k, num_heads_k, headdim)"));
+    require_shape(*a.k_cache, "k_cache", {s.num_cache_rows, a.v_cache->size(1), s.num_heads_k, s.headdim},
+                  s.paged ? "k_cache must have shape (num_pages, page_size, num_heads_k, headdim)"
+                          : "k_cache must have shape (batch_size_k, seqlen_k, num_heads_k, headdim)");
   }
   if (a.page_table && s.num_cache_rows == 0 && s.batch > 0) {
     fail(ErrorKind::invalid_value, "k_cache",
          "a paged cache needs at least one page (k_cache.shape[0] is 0)");
   }
-  const std::string b_shape = "(batch_size,) = (" + to_string(s.batch) + ",)";
-  check_index_tensor(a.cache_seqlens, "cache_seqlens", {s.batch}, b_shape);
-  check_index_tensor(a.cache_leftpad, "cache_leftpad", {s.batch}, b_shape);
+  check_index_tensor(a.cache_seqlens, "cache_seqlens", s.batch, "batch_size");
+  check_index_tensor(a.cache_leftpad, "cache_leftpad", s.batch, "batch_size");
   if (a.cache_seqlens && a.cache_seqlens_value) {
     fail(ErrorKind::invalid_value, "cache_seqlens",
          "cache_seqlens must be either a tensor or an int, not both (got tensor " +
@@ -481,8 +476,7 @@ void check_new_kv(const KvCacheArgs& a, const CallShape& s) {
     fail(ErrorKind::invalid_value, "k",
          "If v_new is supplied, k_new must also be passed in (v is given, k is None)");
   }
-  const std::string b1_shape = "(batch_size + 1,) = (" + to_string(s.batch + 1) + ",)";
-  check_index_tensor(a.cu_seqlens_k_new, "cu_seqlens_k_new", {s.batch + 1}, b1_shape);
+  check_index_tensor(a.cu_seqlens_k_new, "cu_seqlens_k_new", s.batch + 1, "batch_size + 1");
   if (!a.k) return;
   if (!a.cache_seqlens && !a.cache_seqlens_value) {
     fail(ErrorKind::invalid_value, "cache_seqlens",
@@ -558,8 +552,7 @@ void check_qv(const KvCacheArgs& a, const CallShape& s) {
 
 // Step 17, second part: rotary tables.
 void check_rotary(const KvCacheArgs& a, const CallShape& s) {
-  const std::string b_shape = "(batch_size,) = (" + to_string(s.batch) + ",)";
-  check_index_tensor(a.rotary_seqlens, "rotary_seqlens", {s.batch}, b_shape);
+  check_index_tensor(a.rotary_seqlens, "rotary_seqlens", s.batch, "batch_size");
   if (!a.rotary_cos && !a.rotary_sin) return;
   if (!a.rotary_sin) {
     fail(ErrorKind::invalid_value, "rotary_sin",
@@ -624,8 +617,7 @@ void check_descales(const KvCacheArgs& a, const CallShape& s) {
 
 // Step 17, last part: cache_batch_idx, fp8 descales, sinks.
 void check_extras(const KvCacheArgs& a, const CallShape& s) {
-  const std::string b_shape = "(batch_size,) = (" + to_string(s.batch) + ",)";
-  check_index_tensor(a.cache_batch_idx, "cache_batch_idx", {s.batch}, b_shape);
+  check_index_tensor(a.cache_batch_idx, "cache_batch_idx", s.batch, "batch_size");
   check_descales(a, s);
   if (a.sinks) {
     const TensorView& sinks = *a.sinks;

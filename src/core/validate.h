@@ -3,8 +3,12 @@
 // flags); check_values() checks the index and length tensors' contents, given host copies.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <initializer_list>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/problem.h"
@@ -44,19 +48,24 @@ constexpr int kMaxHeaddimV = 512;  // MLA's absorbed value dimension (q / k head
 
 // Building blocks shared by the call, output and combine checks. Each throws Error with
 // `message` (upstream's wording where it exists) followed by what was expected and what was given.
+// Messages and expected shapes are views: a check that passes allocates nothing (these run on
+// every call).
 [[noreturn]] void fail(ErrorKind kind, const std::string& argument, const std::string& message);
 void require_well_formed(const TensorView& t, const char* name);  // rank, sizes, data pointer
 // `reference` names the tensor whose device the call runs on ("the query" for a call).
 void require_device(const TensorView& t, const char* name, Device expected,
                     const char* reference = "the query");
-void require_dtype(const TensorView& t, const char* name, DType expected,
-                   const std::string& message);
-void require_rank(const TensorView& t, const char* name, int expected, const std::string& layout);
-void require_shape(const TensorView& t, const char* name, const std::vector<int64_t>& expected,
-                   const std::string& message);
-void require_last_dim_contiguous(const TensorView& t, const char* name, const std::string& message);
+void require_dtype(const TensorView& t, const char* name, DType expected, std::string_view message);
+void require_rank(const TensorView& t, const char* name, int expected, std::string_view layout);
+void require_shape(const TensorView& t, const char* name, std::span<const int64_t> expected,
+                   std::string_view message);
+inline void require_shape(const TensorView& t, const char* name, std::initializer_list<int64_t> expected,
+                          std::string_view message) {
+  require_shape(t, name, std::span<const int64_t>(expected.begin(), expected.size()), message);
+}
+void require_last_dim_contiguous(const TensorView& t, const char* name, std::string_view message);
 void require_contiguous(const TensorView& t, const char* name);
-std::string dims_string(const std::vector<int64_t>& dims);  // "(2, 3)"
+std::string dims_string(std::span<const int64_t> dims);  // "(2, 3)"
 
 // Every tensor argument of a call by name (absent ones included), for the checks that apply to
 // all of them.
@@ -64,7 +73,7 @@ struct NamedTensor {
   const char* name;
   const OptTensor* tensor;
 };
-std::vector<NamedTensor> all_tensors(const KvCacheArgs& args);
+std::array<NamedTensor, 20> all_tensors(const KvCacheArgs& args);
 
 // Requires q or qv, and v_cache, with the ranks validate() accepts.
 CallShape call_shape(const KvCacheArgs& args);

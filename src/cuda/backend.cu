@@ -6,12 +6,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <array>
-#include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "core/backend.h"
 #include "core/planner.h"
+#include "cuda/common/per_device.h"
 #include "cuda/host/call_params.h"
 #include "cuda/ops/kernels.h"
 #include "cuda/sm80/launch.h"
@@ -28,20 +28,17 @@ void check_cuda(cudaError_t status, const char* what) {
   }
 }
 
-// Programmatic dependent launch (launch.cuh) needs sm_90+: from Hopper on, the attention and
-// combine kernels overlap their launch with the kernel before them. Cached per device: a driver
-// query per call costs.
-bool has_programmatic_launch(int device) {
-  static std::array<std::atomic<int>, 64> known{};  // 0 not asked yet, 1 no, 2 yes
-  if (device < 0 || device >= int(known.size())) return false;
-  int v = known[device].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int major = 0;
-    v = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 ? 2 : 1;
-    known[device].store(v, std::memory_order_relaxed);
-  }
-  return v == 2;
+// The current device made `device`; cudaSetDevice only when it is another (it costs host time on
+// every call, and engines call from the thread whose device is already the tensors').
+void use_device(int device) {
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current == device) return;
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
 }
+
+// Programmatic dependent launch (launch.cuh) needs sm_90+: from Hopper on, the attention and
+// combine kernels overlap their launch with the kernel before them.
+bool has_programmatic_launch(int device) { return core::cuda_device_info(device).arch >= 90; }
 
 // The attention launchers the build holds: the rows of the instantiation table CMake generated
 // units for (kvflash_inst/built_instantiations.inc; a KVFLASH_CUDA_MINIMAL build holds one).
@@ -104,7 +101,7 @@ class CudaBackend final : public core::Backend {
   void run(const core::Problem& p, const Plan& plan, const Outputs& outputs,
            const RunOptions& options) override {
     check_supported(p, outputs);
-    check_cuda(cudaSetDevice(p.device.id), "cudaSetDevice");
+    use_device(p.device.id);
     auto stream = static_cast<cudaStream_t>(options.stream);
     const WorkspaceLayout layout = workspace_layout(p, plan);
     char* ws = static_cast<char*>(options.workspace.data);
@@ -127,7 +124,7 @@ class CudaBackend final : public core::Backend {
     const CombineParams cp = combine_params(out_partial, lse_partial, out, lse);
     check_combine(cp);
     const ElemType type = out.dtype == DType::f16 ? ElemType::f16 : out.dtype == DType::bf16 ? ElemType::bf16 : ElemType::f32;
-    check_cuda(cudaSetDevice(out.device.id), "cudaSetDevice");
+    use_device(out.device.id);
     launch_combine(cp, type, false, static_cast<cudaStream_t>(options.stream));
     check_cuda(cudaGetLastError(), "combine launch");
   }
@@ -143,23 +140,36 @@ Backend* cuda_backend() {
   return &backend;
 }
 
-// The device's real arch: the family rule (core/kernel_family.h) picks the kernels for it.
+// The device's real arch: the family rule (core/kernel_family.h) picks the kernels for it. Asked
+// once per device (three attribute queries were a share of every call's planning), kept as
+// (sms << 32 | arch), non-zero once known.
 DeviceInfo cuda_device_info(int device_id) {
-  int sms = 0, major = 0, minor = 0;
-  cuda::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_id), "cudaDeviceGetAttribute");
-  cuda::check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_id), "cudaDeviceGetAttribute");
-  cuda::check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_id), "cudaDeviceGetAttribute");
+  static cuda::PerDeviceValue known;
+  uint64_t packed = known.get(device_id);
+  if (packed == 0) {
+    int sms = 0, major = 0, minor = 0;
+    cuda::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_id), "cudaDeviceGetAttribute");
+    cuda::check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_id), "cudaDeviceGetAttribute");
+    cuda::check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_id), "cudaDeviceGetAttribute");
+    packed = uint64_t(uint32_t(sms)) << 32 | uint32_t(major * 10 + minor);
+    known.set(device_id, packed);
+  }
   DeviceInfo info;
-  info.num_sms = sms;
-  info.arch = major * 10 + minor;
+  info.num_sms = int(packed >> 32);
+  info.arch = int(packed & 0xffffffffu);
   return info;
 }
 
 }  // namespace core
 
+// Asked once per process: the device count is fixed when the runtime starts (CUDA_VISIBLE_DEVICES
+// is read then), and every CUDA call asks through backend_for().
 bool cuda_available() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  static const bool available = [] {
+    int count = 0;
+    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  }();
+  return available;
 }
 
 }  // namespace kvflash

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "core/kernel_family.h"
 #include "core/planner.h"
 #include "core/problem.h"
+#include "cuda/common/per_device.h"
 #include "cuda/host/call_params.h"
 #include "kvflash/errors.h"
 #include "kvflash/kvflash.h"
@@ -560,6 +562,31 @@ TEST(CudaParams, MlaPrefillNeedsLargeSharedMemory) {
     EXPECT_NE(decode_plan.kernel.shape, KernelShape::prefill);
     EXPECT_NO_THROW(cuda::check_launchable(cuda::call_params(dp, decode_plan, decode.outputs, nullptr), decode_plan));
   }
+}
+
+// The per-device caches of the CUDA host path (device attributes, shared-memory opt-ins): a slot
+// reads 0 until set, keeps what was set, ignores device ids past its slots, and concurrent first
+// calls from several threads on several devices leave every slot with its device's value.
+TEST(PerDeviceValue, KeepsOneValuePerDeviceUnderConcurrentFirstCalls) {
+  cuda::PerDeviceValue cache;
+  EXPECT_EQ(cache.get(0), 0u);
+  cache.set(-1, 7);
+  cache.set(cuda::kCachedDevices, 7);
+  EXPECT_EQ(cache.get(-1), 0u);
+  EXPECT_EQ(cache.get(cuda::kCachedDevices), 0u);
+  const auto value_of = [](int device) { return uint64_t(device) << 32 | uint64_t(device + 1); };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      for (int round = 0; round < 1000; ++round) {
+        for (int device = 0; device < cuda::kCachedDevices; ++device) {
+          if (cache.get(device) == 0) cache.set(device, value_of(device));
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int device = 0; device < cuda::kCachedDevices; ++device) EXPECT_EQ(cache.get(device), value_of(device));
 }
 
 }  // namespace

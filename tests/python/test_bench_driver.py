@@ -3,6 +3,7 @@ suite loop's rows for systems that agree, disagree, fail or cannot take a case, 
 markdown / plot writers. Timings here mean nothing; the structure is what is tested."""
 
 import csv
+import math
 import os
 
 import pytest
@@ -79,7 +80,7 @@ def test_case_arithmetic_and_filter():
     assert full.visible_pairs() == 25
     assert full.kv_bytes() == 2 * 2 * 5 * 2 * 8 * 2
     tiny = suites.tiny_suite()
-    assert [c.kind for c in suites.select(tiny, "^decode")] == ["decode", "decode"]
+    assert [c.kind for c in suites.select(tiny, "^decode")] == ["decode", "decode", "decode"]
     assert len(suites.select(tiny, "decode b2 q4,extend")) == 2
     assert suites.select(tiny, "") == tiny
 
@@ -170,3 +171,37 @@ def test_run_order_puts_one_case_of_each_group_first():
     assert sorted(ordered, key=cases.index) == cases
     groups = list(dict.fromkeys(c.group for c in cases))
     assert [c.group for c in ordered[:len(groups)]] == groups
+
+
+def test_host_work_columns_empty_on_the_cpu_and_filled_when_measured(tmp_path):
+    """Host work of an eager call (eager minus graph replay) is measured for kvflash's batch-1
+    decode rows on a GPU only: on the CPU the row runs, its host_us cell is empty and the
+    markdown says so; a measured row fills the CSV columns and the markdown table."""
+    cases = suites.select(suites.tiny_suite(), "decode b1 q1 .* dense")
+    assert len(cases) == 1 and cases[0].measures_host_work
+    assert cases[0].group.endswith("dense")  # plotted apart from the paged rows
+    timer = Timer("cpu", min_reps=2, max_reps=2, warmup=0)
+    assert all(math.isnan(x) for x in timer.host_work(lambda: None))
+    rows = Suite(cases, [Kvflash("cpu"), Sdpa("cpu", "math")], timer, "cpu", budget_s=60, log=lambda _: None).run()
+    assert [r.status for r in rows] == ["ok", "ok"]
+    meta = dict(commit="abc", gpu="cpu", date="today", versions="v", command="cmd", method="m", build=[],
+                copy_bytes_per_s=1e10, matmul_flops_per_s=1e11, copy_what="c", matmul_what="m")
+
+    def written(rows):
+        results = Results(rows, meta)
+        path = tmp_path / "results.csv"
+        write_csv(results, path)
+        with open(path) as f:
+            return list(csv.DictReader(f)), markdown(results)
+
+    table, text = written(rows)
+    assert {"host_us", "eager_us", "graph_us"} <= set(table[0])
+    assert all(r["host_us"] == "" for r in table)
+    assert "### Host work of an eager kvflash call" in text
+    assert "- not measured (1 batch-1 decode rows; CUDA only)" in text
+
+    rows[0].eager_s, rows[0].graph_s = 40e-6, 25e-6  # as a GPU run fills them
+    table, text = written(rows)
+    kv_row = next(r for r in table if r["system"] == "kvflash")
+    assert (kv_row["host_us"], kv_row["eager_us"], kv_row["graph_us"]) == ("15.00", "40.00", "25.00")
+    assert "| decode b1 q1 k64 h4/2 d64 causal dense | 40.0 | 25.0 | 15.0 |" in text

@@ -40,7 +40,8 @@ class Case:
     def group(self):
         """The plot / summary group: decode by batch and head layout, prefill by head dim."""
         if self.kind == "decode":
-            return f"decode q{self.seqlen_q} h{self.heads}/{self.heads_k} b{self.batch}"
+            dense = "" if self.page_size else " dense"
+            return f"decode q{self.seqlen_q} h{self.heads}/{self.heads_k} b{self.batch}{dense}"
         layout = f"p{self.page_size}" if self.page_size else "dense"
         mask = "causal" if self.causal else "full"
         return f"{self.kind} d{self.headdim} {mask} {layout}"
@@ -70,6 +71,12 @@ class Case:
     @property
     def memory_bound(self):
         return self.kind == "decode"
+
+    @property
+    def measures_host_work(self):
+        """kvflash's host work per eager call is measured on batch-1 decode (issue 14: the
+        GPU time is smallest there, so the host's share is largest)."""
+        return self.kind == "decode" and self.batch == 1
 
 
 def decode_cases(batches, contexts, seqlens_q, heads, max_kv_bytes, page_size=16):
@@ -102,11 +109,14 @@ def extend_cases(chunks_and_prefixes, page_size=16):
 
 SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
 CONTEXTS = [1024, 8192, 32768, 131072]
+# b1 x 8k on a contiguous cache: the paged row's dense twin, for the host work of an eager call.
+DENSE_DECODE = decode_cases([1], [8192], [1], (32, 8), 1 << 40, page_size=0)
 
 
 def default_suite(max_kv_bytes):
     """The issue's suite. Decode first (the serving case), then prefill, then extend."""
     cases = decode_cases([1, 8, 32, 64, 128], CONTEXTS, [1, 4], (32, 8), max_kv_bytes)
+    cases += DENSE_DECODE
     for heads in [(8, 1), (64, 8)]:
         cases += decode_cases([1, 32, 128], [8192, 32768], [1], heads, max_kv_bytes)
     cases += prefill_cases(SEQLENS, [64, 128, 256], [True, False], [0])
@@ -118,6 +128,7 @@ def default_suite(max_kv_bytes):
 def quick_suite(max_kv_bytes):
     """About a minute on an H200 (FlashInfer's kernels precompiled): one of each kind."""
     cases = decode_cases([1, 64], [8192, 32768], [1], (32, 8), max_kv_bytes)
+    cases += DENSE_DECODE
     cases += decode_cases([32], [8192], [4], (32, 8), max_kv_bytes)
     cases += prefill_cases([1024, 8192], [128], [True, False], [0])
     cases += prefill_cases([4096], [128], [True], [16])
@@ -129,6 +140,7 @@ def tiny_suite():
     """Minute shapes for CPU dry runs and tests: every kind and layout, fractions of a second."""
     return [
         Case("decode", 2, 1, 96, 4, 2, 64, True, 16),
+        Case("decode", 1, 1, 64, 4, 2, 64, True, 0),
         Case("decode", 2, 4, 80, 4, 2, 64, True, 16),
         Case("prefill", 2, 48, 48, 2, 2, 64, True, 0),
         Case("prefill", 1, 64, 64, 2, 2, 64, False, 0),

@@ -10,7 +10,8 @@ import os
 CSV_FIELDS = [
     "commit", "gpu", "kind", "case", "batch", "seqlen_q", "seqlen_k", "heads", "heads_k", "headdim",
     "causal", "page_size", "system", "status", "time_us", "gb_per_s", "tflop_per_s", "pct_of_ceiling",
-    "time_vs_best_peer", "best_peer", "max_abs_diff", "reference", "reps", "setup_s", "note",
+    "time_vs_best_peer", "best_peer", "max_abs_diff", "reference", "reps", "setup_s", "host_us",
+    "eager_us", "graph_us", "note",
 ]
 
 
@@ -67,7 +68,8 @@ class Results:
                 "gb_per_s": _g(gbps), "tflop_per_s": _g(tflops), "pct_of_ceiling": _fmt(pct, 1),
                 "time_vs_best_peer": _fmt(ratio, 3), "best_peer": peer or "",
                 "max_abs_diff": _g(row.max_abs_diff), "reference": row.reference, "reps": row.reps,
-                "setup_s": _fmt(row.setup_s, 2), "note": row.note,
+                "setup_s": _fmt(row.setup_s, 2), "host_us": _fmt(row.host_s * 1e6, 2),
+                "eager_us": _fmt(row.eager_s * 1e6, 2), "graph_us": _fmt(row.graph_s * 1e6, 2), "note": row.note,
             }
 
 
@@ -166,12 +168,28 @@ def markdown(results):
     ]
     for kind in ("decode", "prefill", "extend"):
         lines += _kind_table(results, kind)
+    lines += _host_work_table(results)
     failures = _failures(results)
     lines += ["### Not run, errors and disagreements", ""] + (failures or ["- none"]) + [""]
     lines += ["### What the peers were given", ""] + (_notes(results) or ["- nothing to note"]) + [""]
     lines += ["### Setup time (compile / JIT / plan + first call, outside the timings)", ""]
     lines += _setup_totals(results) + [f"- {line}" for line in m.get("build", [])] + [""]
     return "\n".join(lines)
+
+
+def _host_work_table(results):
+    """kvflash's host work per eager call (timing.Timer.host_work), where it was measured."""
+    lines = ["### Host work of an eager kvflash call", "",
+             "The timed call issued with the GPU idle, eagerly and replayed from a CUDA graph (medians); "
+             "host us = eager - graph: what the eager call costs the host beyond a graph launch.", ""]
+    rows = [r for r in results.rows if r.system == "kvflash" and r.case.measures_host_work]
+    measured = [r for r in rows if _finite(r.host_s)]
+    if not measured:
+        return lines + [f"- not measured ({len(rows)} batch-1 decode rows; CUDA only)", ""]
+    lines += ["| case | eager us | graph us | host us |", "|---|---|---|---|"]
+    for r in measured:
+        lines.append(f"| {r.case.name} | {r.eager_s * 1e6:.1f} | {r.graph_s * 1e6:.1f} | {r.host_s * 1e6:.1f} |")
+    return lines + [""]
 
 
 def _setup_totals(results):

@@ -37,10 +37,17 @@ class Row:
     max_abs_diff: float = float("nan")
     reference: str = ""
     note: str = ""
+    eager_s: float = float("nan")  # timing.Timer.host_work: kvflash's batch-1 decode rows on a GPU
+    graph_s: float = float("nan")
 
     @property
     def ran(self):
         return self.status in ("ok", "mismatch")
+
+    @property
+    def host_s(self):
+        """Host work of the eager call: eager minus graph replay (NaN when not measured)."""
+        return self.eager_s - self.graph_s
 
 
 def compare(out, reference):
@@ -165,6 +172,8 @@ class Suite:
             out = (prepared.to_common(out) if prepared.to_common else out).clone()
             self._check(row, out, reference)
             row.seconds, row.reps = self.timer.measure(prepared.fn)
+            if system.name == "kvflash" and case.measures_host_work:
+                self._host_work(row, prepared.fn)
         except NotRun as e:
             row.status, row.note = "not run", str(e)
         except Exception as e:  # noqa: BLE001 - every failure is a row with its reason
@@ -175,6 +184,12 @@ class Suite:
         setup = row.setup_s if row.ran else time.perf_counter() - start
         self.setup_used[system.name] = self.setup_used.get(system.name, 0.0) + setup
         return row, (out if row.status == "ok" else None)
+
+    def _host_work(self, row, fn):
+        try:
+            row.eager_s, row.graph_s = self.timer.host_work(fn)
+        except Exception as e:  # noqa: BLE001 - the row keeps its timing; the note says why
+            row.note += f"; host work not measured: {describe(e)}"
 
     def _check(self, row, out, reference):
         if reference is None:

@@ -5,6 +5,10 @@ memory as in a model with many layers), then keeps the GPU busy with a short sle
 host issues the call, so that host overhead (Python, planning-free launch paths) is hidden; the
 call itself is bracketed by CUDA events. The figure is the median of the repetitions after warm-up.
 CPU (dry runs): wall-clock per call.
+
+Host work of an eager call (kvflash's batch-1 decode rows): the same call timed with the GPU idle
+when it is issued (no sleep kernel), eagerly and as a CUDA-graph replay; eager minus replay is the
+host work the eager call adds (Python, binding, planning, launches) that the graph does not.
 """
 
 import statistics
@@ -47,6 +51,27 @@ class Timer:
         samples = [self._one(fn) for _ in range(reps)]
         return statistics.median(samples), reps
 
+    def host_work(self, fn):
+        """(eager seconds, graph-replay seconds) of fn with the GPU idle when it is issued, medians;
+        NaNs on the CPU, which has no graphs (the host work there is the whole call)."""
+        if not self.cuda:
+            return float("nan"), float("nan")
+        replay = capture_graph(fn).replay
+        reps = max(self.min_reps, 20)
+        eager = statistics.median(self._issued_idle(fn) for _ in range(reps))
+        graph = statistics.median(self._issued_idle(replay) for _ in range(reps))
+        return eager, graph
+
+    def _issued_idle(self, fn):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self._flush.zero_()
+        torch.cuda.synchronize()  # nothing queued: the host's time before each launch is timed
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) * 1e-3
+
     def _one(self, fn):
         if not self.cuda:
             start = time.perf_counter()
@@ -60,6 +85,20 @@ class Timer:
         stop.record()
         stop.synchronize()
         return start.elapsed_time(stop) * 1e-3
+
+
+def capture_graph(fn):
+    """fn captured in a CUDA graph, after warm-up calls on a side stream (torch's recipe)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
 
 
 def _median_seconds(fn, reps, cuda):

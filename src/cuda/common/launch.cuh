@@ -5,7 +5,22 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/common/per_device.h"
+
 namespace kvflash::cuda {
+
+// cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, bytes), once per device: the attribute
+// stays set in the device's context, and asking the runtime again on every launch cost host time
+// on every call. kKernel is the kernel's own function, so each kernel has its own slots. A failed
+// opt-in is not recorded: its error is left for the launch's cudaGetLastError() to report.
+template <auto kKernel>
+void opt_in_dynamic_smem(int bytes) {
+  static PerDeviceValue done;
+  int device = -1;
+  if (cudaGetDevice(&device) == cudaSuccess && done.get(device) == uint64_t(bytes)) return;
+  if (cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess)
+    done.set(device, uint64_t(bytes));
+}
 
 template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, bool overlap_previous,

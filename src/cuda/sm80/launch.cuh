@@ -17,24 +17,23 @@
 namespace kvflash::cuda {
 
 // The grid fits (the host checked it before the call's first kernel: cuda/host/call_params.h).
-template <int kRows, int kThreads, int kSmemBytes>
-void launch_over_columns(void (*kernel)(AttentionParams), const AttentionParams& p, bool overlap_previous,
-                         cudaStream_t stream) {
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+template <auto kKernel, int kRows, int kThreads, int kSmemBytes>
+void launch_over_columns(const AttentionParams& p, bool overlap_previous, cudaStream_t stream) {
+  opt_in_dynamic_smem<kKernel>(kSmemBytes);
   const AttentionGrid g = attention_grid(p, kRows);
   if (g.x == 0 || g.z == 0) return;
-  launch_kernel(kernel, dim3(unsigned(g.x), unsigned(g.y), unsigned(g.z)), kThreads, kSmemBytes,
+  launch_kernel(kKernel, dim3(unsigned(g.x), unsigned(g.y), unsigned(g.z)), kThreads, kSmemBytes,
                 overlap_previous, stream, p);
 }
 
 template <class T>
 void launch_decode(const AttentionParams& p, bool overlap_previous, cudaStream_t stream) {
-  launch_over_columns<T::kRows, T::kThreads, T::kSmemBytes>(decode_kernel<T>, p, overlap_previous, stream);
+  launch_over_columns<decode_kernel<T>, T::kRows, T::kThreads, T::kSmemBytes>(p, overlap_previous, stream);
 }
 
 template <class T>
 void launch_prefill(const AttentionParams& p, bool overlap_previous, cudaStream_t stream) {
-  launch_over_columns<T::kBlockM, T::kThreads, T::kSmemBytes>(attention_kernel<T>, p, overlap_previous, stream);
+  launch_over_columns<attention_kernel<T>, T::kBlockM, T::kThreads, T::kSmemBytes>(p, overlap_previous, stream);
 }
 
 // The two-tile decode CTA is compiled only for head dims the rule gives it to.

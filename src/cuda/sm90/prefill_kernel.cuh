@@ -34,6 +34,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "cuda/common/cta_work.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/params.h"
 
 namespace kvflash::cuda::sm90 {
@@ -551,11 +552,10 @@ void launch_prefill(const AttentionParams& ap, int kv_group, cudaStream_t stream
   params.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, typename T::SmemLayoutKUnit{}, unit, _1{});
   params.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename T::SmemLayoutKUnit{}, unit, _1{});
 
-  auto kernel = prefill_kernel<T>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  opt_in_dynamic_smem<prefill_kernel<T>>(T::kSmemBytes);
   const dim3 grid((ap.len.seqlen_q + T::kBlockM - 1) / T::kBlockM, ap.num_heads, ap.len.batch);
   if (grid.x == 0 || grid.z == 0) return;
-  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(params);
+  prefill_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(params);
 }
 
 }  // namespace kvflash::cuda::sm90
