@@ -87,7 +87,9 @@ step bench bench.log "$RUNNER" bench
 # and batched prefill (32 prompts of 512, causal, page 16): on sm_90 the sm90 family (pages of 16
 # keys by TMA), and the same row on the portable kernels (KVFLASH_SM90=0: the sm80 family with a
 # split bound > 1 but one split per sequence, where a combine over every row costs what one long
-# sequence hides; issue 13: 548 us at 90df2b1, 992 us at 02d27d1).
+# sequence hides; issue 13: 548 us at 90df2b1, 992 us at 02d27d1), once more with one split: the
+# portable rule's static bound is 4 splits there (1 per sequence on the device), and this row is
+# 1.3x slower than at 90df2b1 in the peers suite (session 6): is it the split machinery?
 floors() {
   "$BUILD/kvflash" bench --device cuda --batch 1,64 --context 8192 --prefill none --dtype bf16 --eager &&
     "$BUILD/kvflash" bench --device cuda --batch 1 --context 8192 --prefill none --dtype bf16 --eager --page-size 0 &&
@@ -96,7 +98,9 @@ floors() {
     "$BUILD/kvflash" bench --device cuda --context none --prefill 512 --prefill-batch 32 --dtype bf16 \
       --heads 16 --kv-heads 16 --page-size 16 &&
     KVFLASH_SM90=0 "$BUILD/kvflash" bench --device cuda --context none --prefill 512 --prefill-batch 32 \
-      --dtype bf16 --heads 16 --kv-heads 16 --page-size 16
+      --dtype bf16 --heads 16 --kv-heads 16 --page-size 16 &&
+    KVFLASH_SM90=0 "$BUILD/kvflash" bench --device cuda --context none --prefill 512 --prefill-batch 32 \
+      --dtype bf16 --heads 16 --kv-heads 16 --page-size 16 --num-splits 1
 }
 step floors floors.log floors
 
