@@ -141,7 +141,6 @@ TensorView torch_view(nb::handle obj, const char* name, const TorchTypes& torch)
   return v;
 }
 
-
 // The dtype of a buffer-protocol format (struct module characters, native or little-endian on a
 // little-endian host) of `itemsize` bytes; nullopt for anything else.
 std::optional<DType> buffer_dtype(const char* format, Py_ssize_t itemsize) {

@@ -104,11 +104,13 @@ void require_rank(const TensorView& t, const char* name, int expected, std::stri
   }
 }
 
+bool has_shape(const TensorView& t, std::span<const int64_t> expected) {
+  return std::ranges::equal(std::span<const int64_t>(t.shape, size_t(t.rank)), expected);
+}
+
 void require_shape(const TensorView& t, const char* name, std::span<const int64_t> expected,
                    std::string_view message) {
-  bool same = t.rank == static_cast<int>(expected.size());
-  for (int i = 0; same && i < t.rank; ++i) same = t.shape[i] == expected[i];
-  if (!same) {
+  if (!has_shape(t, expected)) {
     fail(ErrorKind::invalid_value, name,
          std::string(message) + " (expected " + dims_string(expected) + ", got " + t.shape_string() + ")");
   }

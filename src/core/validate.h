@@ -57,6 +57,7 @@ void require_device(const TensorView& t, const char* name, Device expected,
                     const char* reference = "the query");
 void require_dtype(const TensorView& t, const char* name, DType expected, std::string_view message);
 void require_rank(const TensorView& t, const char* name, int expected, std::string_view layout);
+bool has_shape(const TensorView& t, std::span<const int64_t> expected);
 void require_shape(const TensorView& t, const char* name, std::span<const int64_t> expected,
                    std::string_view message);
 inline void require_shape(const TensorView& t, const char* name, std::initializer_list<int64_t> expected,

@@ -268,7 +268,6 @@ double dot(const double* x, const double* y, int n) {
 
 double norm(const double* x, int n) { return std::sqrt(dot(x, x, n)); }
 
-
 // Whether scores have the q.k term (q may be absent, or ignored with only_qv).
 bool uses_q(const KvCacheArgs& a) { return a.q && a.k_cache && !a.only_qv; }
 
