@@ -127,11 +127,11 @@ bool sm90_allowed() {
   return v == nullptr || std::string(v) != "0";
 }
 
-// KVFLASH_SM90_SMALL_PAGES=1 sends pages smaller than a key block to the sm90 family (opt-in until
-// validated on a GPU: tests/gpu/run.sh sets it).
+// Pages smaller than a key block go to the sm90 family unless KVFLASH_SM90_SMALL_PAGES=0 (validated
+// on the H200 in session 7; the switch keeps the portable path one variable away, like KVFLASH_SM90).
 bool sm90_small_pages_allowed() {
   const char* v = std::getenv("KVFLASH_SM90_SMALL_PAGES");
-  return v != nullptr && std::string(v) == "1";
+  return v == nullptr || std::string(v) != "0";
 }
 
 FamilyInputs family_inputs(const PlanKey& key) {

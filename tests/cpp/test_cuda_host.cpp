@@ -64,10 +64,10 @@ struct Sm90OptOut {
   ~Sm90OptOut() { unsetenv("KVFLASH_SM90"); }
 };
 
-// KVFLASH_SM90_SMALL_PAGES=1 for one test's scope (pages below a key block on sm90, opt-in).
-struct Sm90SmallPages {
-  Sm90SmallPages() { setenv("KVFLASH_SM90_SMALL_PAGES", "1", 1); }
-  ~Sm90SmallPages() { unsetenv("KVFLASH_SM90_SMALL_PAGES"); }
+// KVFLASH_SM90_SMALL_PAGES=0 for one test's scope (pages below a key block back on sm80).
+struct Sm90SmallPagesOff {
+  Sm90SmallPagesOff() { setenv("KVFLASH_SM90_SMALL_PAGES", "0", 1); }
+  ~Sm90SmallPagesOff() { unsetenv("KVFLASH_SM90_SMALL_PAGES"); }
 };
 
 // What the dispatcher must launch for a call, from the call's own values (as the kernels see
@@ -76,7 +76,6 @@ struct Sm90SmallPages {
 // rows per CTA are the kernel's.
 TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
   const int archs[] = {80, 86, 89, 90, 100, 120};
-  const Sm90SmallPages small_pages;  // the GPU runner's setting (tests/gpu/run.sh)
   int checked = 0, sm90 = 0, sm90_small_pages = 0;
   std::set<std::tuple<int, int, int, int>> kernels;
   // The default draws, then prefill shapes (the sm90 family's head dims, >= 64 query rows).
@@ -104,7 +103,6 @@ TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
       call.has_leftpad = p.args.cache_leftpad.has_value();
       call.one_split = core::family_inputs(key).one_split;
       call.sm90_enabled = true;  // the planner's split rule decides it
-      call.sm90_small_pages = true;
       call.has_qv = p.has_qv;
       EXPECT_EQ(plan.kernel, core::choose_kernel(call));
       if (plan.kernel.family == KernelFamily::sm90) {
@@ -203,7 +201,8 @@ TEST(KernelFamily, Sm90PageSizes) {
   in.max_seqlen_q = 64;
   in.one_split = true;
   in.page_size = 64;
-  EXPECT_EQ(core::kernel_family(in), KernelFamily::sm80);  // not opted in: whole blocks only
+  in.sm90_small_pages = false;  // opted out: whole blocks only
+  EXPECT_EQ(core::kernel_family(in), KernelFamily::sm80);
   in.page_size = 256;
   EXPECT_EQ(core::kernel_family(in), KernelFamily::sm90);
   in.sm90_small_pages = true;
@@ -238,11 +237,11 @@ TEST(KernelFamily, Sm90PlansPagedPrefill) {
     key = core::canonical_key(key, core::DeviceInfo{132, 90});
     return core::static_plan(key).kernel.family;
   };
-  for (int page : {16, 64}) EXPECT_EQ(family(page), KernelFamily::sm80) << page;  // not opted in
-  const Sm90SmallPages small_pages;
   for (int page : {16, 64, 1, 3}) {
     EXPECT_EQ(family(page), page >= 16 ? KernelFamily::sm90 : KernelFamily::sm80) << page;
   }
+  const Sm90SmallPagesOff off;
+  for (int page : {16, 64}) EXPECT_EQ(family(page), KernelFamily::sm80) << page;
 }
 
 // A planned call: one split from FA3's rule at the sm90 tile, a requested split count above one

@@ -20,9 +20,6 @@ RACECHECK_CASES=${RACECHECK_CASES:-12}
 INITCHECK_CASES=${INITCHECK_CASES:-12}
 SYNCCHECK_CASES=${SYNCCHECK_CASES:-12}
 JOBS=${JOBS:-$(nproc)}
-# Pages smaller than a key block on the sm90 family: opt-in in the library until this runner has
-# validated them, so the runner turns them on (KVFLASH_SM90_SMALL_PAGES=0 here: the default path).
-export KVFLASH_SM90_SMALL_PAGES=${KVFLASH_SM90_SMALL_PAGES:-1}
 BUILD=${BUILD:-build-gpu}
 declare -A status
 
