@@ -267,6 +267,25 @@ TEST(KernelFamily, Sm90NeedsOneSplit) {
   EXPECT_EQ(core::static_plan(short_q).kernel.family, KernelFamily::sm80);
 }
 
+// Batch-invariant mode splits by its own rule (16 key blocks per split): a call it splits stays on
+// sm80, one it does not split may run sm90. (The peers suite's kvflash-bi rows on the H200 caught
+// sm90 plans of 2-16 splits, which ran one split and combined unwritten partials.)
+TEST(KernelFamily, BatchInvariantSplitsStayOffSm90) {
+  PlanKey raw;
+  raw.batch = 4, raw.max_seqlen_q = 4096, raw.max_seqlen_k = 4096, raw.causal = true;
+  raw.num_heads = raw.num_heads_k = 32, raw.headdim = raw.headdim_v = 64, raw.dtype = DType::bf16;
+  raw.batch_invariant = true;
+  const PlanKey key = core::canonical_key(raw, core::DeviceInfo{132, 90});
+  const Plan plan = core::static_plan(key);
+  EXPECT_GT(plan.num_splits, 1);
+  EXPECT_EQ(plan.kernel.family, KernelFamily::sm80);
+  PlanKey one_block = raw;  // 2,048 keys: 16 blocks of 128, one batch-invariant split
+  one_block.max_seqlen_q = one_block.max_seqlen_k = 2048;
+  const Plan short_plan = core::static_plan(core::canonical_key(one_block, core::DeviceInfo{132, 90}));
+  EXPECT_EQ(short_plan.kernel.family, KernelFamily::sm90);
+  EXPECT_EQ(short_plan.num_splits, 1);
+}
+
 TEST(KernelFamily, RuleRows) {
   EXPECT_EQ(core::kernel_family(core::FamilyInputs{0}), KernelFamily::cpu);
   EXPECT_EQ(core::kernel_family(core::FamilyInputs{80}), KernelFamily::sm80);

@@ -132,6 +132,27 @@ TEST(PlanHeuristics, PortableCudaSplitsCountCtaSlots) {
   EXPECT_EQ(static_plan(decode_key(1, 8192, 0, 64)).num_splits, 7);
 }
 
+// A padded prefill batch: the bound's fp32 partials over every query row would pass 64 MiB, so
+// the bound is cut (32 prompts of 512, 16 heads, d 128: 128 MiB a split -> 1); with cu_seqlens_q
+// the rows are unknown when planning and the bound stays.
+TEST(PlanHeuristics, PortableSplitsOfPaddedBatchesFitThePartialBudget) {
+  PlanKey raw;
+  raw.batch = 32, raw.max_seqlen_q = 512, raw.max_seqlen_k = 512, raw.causal = true;
+  raw.num_heads = raw.num_heads_k = 16, raw.headdim = raw.headdim_v = 128, raw.dtype = DType::bf16;
+  raw.page_size = 16;
+  EXPECT_EQ(static_plan(canonical_key(raw, DeviceInfo{132, 80})).num_splits, 1);
+  PlanKey varlen = raw;
+  varlen.varlen_q = true;
+  EXPECT_GT(static_plan(canonical_key(varlen, DeviceInfo{132, 80})).num_splits, 1);
+  PlanKey fewer = raw;  // 8 prompts of 64: 4 MiB a split, the bound stands (several splits)
+  fewer.batch = 8, fewer.max_seqlen_q = 64, fewer.max_seqlen_k = 4096;
+  EXPECT_GT(static_plan(canonical_key(fewer, DeviceInfo{132, 80})).num_splits, 1);
+  // Decode keeps its bound: batch 128 x 4 query tokens is 8 MiB a split, 8 splits fit.
+  PlanKey decode = decode_key(128, 8192, 80);
+  decode.max_seqlen_q = 4;
+  EXPECT_EQ(static_plan(canonical_key(decode, DeviceInfo{132, 80})).num_splits, 8);
+}
+
 TEST(PlanHeuristics, PortableSplitsFitTheirGrid) {
   // Random batches of mixed lengths: every sequence's splits lie in [1, num_splits] and they add
   // up to at most portable_split_columns, the grid the CUDA backend launches.
