@@ -239,8 +239,11 @@ int get_num_splits(const PlanKey& key, KernelFamily family, const MaskShape& mas
   if (splits_by_portable_rule(family)) return portable_num_splits(key, n_blocks, m_blocks);
   const int64_t size_one_kv_head = s_k * (key.headdim + key.headdim_v) * kv_elem_bytes(key);
   // With per-sequence (dynamic) splits this is only an upper bound, computed as if the batch
-  // were one long sequence among short ones.
-  const bool dynamic = key.batch <= kMaxDynamicSplitBatch;
+  // were one long sequence among short ones. Not for the sm90 family's padded batches: its
+  // kernels run one split, so the count only decides whether they take the call, and a batch
+  // without cu_seqlens_q has every sequence's query tiles (32 prompts of 512 at d 256 went to the
+  // portable kernels, 2.5x slower, for splits one sequence alone would want).
+  const bool dynamic = key.batch <= kMaxDynamicSplitBatch && (family != KernelFamily::sm90 || key.varlen_q);
   const int64_t total_mblocks = (dynamic ? 1 : key.batch) * int64_t{key.num_heads_k} * m_blocks;
   const auto clamp_int = [](int64_t v) {
     return static_cast<int>(std::min<int64_t>(v, INT32_MAX));

@@ -267,6 +267,21 @@ TEST(KernelFamily, Sm90NeedsOneSplit) {
   EXPECT_EQ(core::static_plan(short_q).kernel.family, KernelFamily::sm80);
 }
 
+// A padded batch of prompts (no cu_seqlens_q) has all its query tiles: 32 prompts of 512 at d 256
+// (8 heads, 4 tiles each: 1,024) run sm90; the same shape by cu_seqlens_q might be one prompt
+// among empty ones, which FA3's rule would split, so it stays on sm80.
+TEST(KernelFamily, PaddedPromptBatchesRunSm90) {
+  PlanKey raw;
+  raw.batch = 32, raw.max_seqlen_q = 512, raw.max_seqlen_k = 512, raw.causal = true;
+  raw.num_heads = raw.num_heads_k = 8, raw.headdim = raw.headdim_v = 256, raw.dtype = DType::bf16;
+  const Plan padded = core::static_plan(core::canonical_key(raw, core::DeviceInfo{132, 90}));
+  EXPECT_EQ(padded.kernel.family, KernelFamily::sm90);
+  EXPECT_EQ(padded.num_splits, 1);
+  raw.varlen_q = true;
+  EXPECT_EQ(core::static_plan(core::canonical_key(raw, core::DeviceInfo{132, 90})).kernel.family,
+            KernelFamily::sm80);
+}
+
 // Batch-invariant mode splits by its own rule (16 key blocks per split): a call it splits stays on
 // sm80, one it does not split may run sm90. (The peers suite's kvflash-bi rows on the H200 caught
 // sm90 plans of 2-16 splits, which ran one split and combined unwritten partials.)

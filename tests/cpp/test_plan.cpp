@@ -91,10 +91,16 @@ TEST(PlanHeuristics, LongContextDecodeSplitsOnHopper) {
   EXPECT_EQ(one.num_splits_dynamic, std::vector<int32_t>{13});
   EXPECT_EQ(one.num_m_blocks, std::vector<int32_t>{1});
 
-  // 64 such sequences: 3008 blocks -> 201 per SM -> one split each (15 stays the upper bound).
-  const Plan many = hopper_plan_for(decode_key(64, 8192), same_lengths(64, 1, 8192));
+  // 64 such sequences given by cu_seqlens_q: 3008 blocks -> 201 per SM -> one split each (15
+  // stays the upper bound).
+  PlanKey varlen = decode_key(64, 8192);
+  varlen.varlen_q = true;
+  const Plan many = hopper_plan_for(varlen, same_lengths(64, 1, 8192));
   EXPECT_EQ(many.num_splits, 15);
   EXPECT_EQ(many.num_splits_dynamic, std::vector<int32_t>(64, 1));
+  // A padded batch has every sequence's query tiles (512, most of the SMs): the sm90 family
+  // (whose kernels run one split) bounds it at 1, unlike FA3's upper bound.
+  EXPECT_EQ(hopper_plan_for(decode_key(64, 8192), same_lengths(64, 1, 8192)).num_splits, 1);
 
   // Above 992 sequences the bound counts the whole batch (8000 tiles): no split at all.
   const Plan huge = static_plan(decode_key(1000, 8192), KernelFamily::sm90);
