@@ -1,13 +1,12 @@
 // The CUDA backend: turns a resolved Problem and its Plan into kernel parameters and enqueues
 // append -> (rotate q) -> (prepare splits) -> attention -> (combine) on the caller's stream. With a
 // workspace given it allocates nothing and never synchronises, so a call can be captured in a
-// CUDA graph; without one it takes stream-ordered scratch from a pool of its own (scratch_pool).
+// CUDA graph; without one it takes stream-ordered scratch (cudaMallocAsync / cudaFreeAsync).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <mutex>
 #include <string>
 
 #include "core/backend.h"
@@ -27,32 +26,6 @@ void check_cuda(cudaError_t status, const char* what) {
     throw Error(ErrorKind::device_failure, "",
                 std::string("CUDA error in ") + what + ": " + cudaGetErrorString(status));
   }
-}
-
-// Bytes of scratch the pool below keeps mapped between calls.
-constexpr uint64_t kScratchPoolKeepBytes = 256ull << 20;
-
-// The stream-ordered scratch of calls given no workspace comes from a pool of kvflash's own per
-// device, which keeps up to kScratchPoolKeepBytes mapped between calls: the device's default pool
-// (release threshold 0) hands every freed byte back at the next synchronisation, so a caller that
-// synchronises between calls (the `kvflash` program, C++ users) would map its scratch afresh each
-// call. Created once per device (the lock only guards creation).
-cudaMemPool_t scratch_pool(int device) {
-  static PerDeviceValue pools;
-  static std::mutex creating;
-  if (const uint64_t pool = pools.get(device)) return reinterpret_cast<cudaMemPool_t>(pool);
-  const std::lock_guard<std::mutex> lock(creating);
-  if (const uint64_t pool = pools.get(device)) return reinterpret_cast<cudaMemPool_t>(pool);
-  cudaMemPoolProps props = {};
-  props.allocType = cudaMemAllocationTypePinned;
-  props.location.type = cudaMemLocationTypeDevice;
-  props.location.id = device;
-  cudaMemPool_t pool = nullptr;
-  check_cuda(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
-  uint64_t keep = kScratchPoolKeepBytes;
-  check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "scratch pool threshold");
-  pools.set(device, reinterpret_cast<uint64_t>(pool));
-  return pool;
 }
 
 // The current device made `device`; cudaSetDevice only when it is another (it costs host time on
@@ -133,10 +106,7 @@ class CudaBackend final : public core::Backend {
     const WorkspaceLayout layout = workspace_layout(p, plan);
     char* ws = static_cast<char*>(options.workspace.data);
     const bool own = ws == nullptr && layout.total > 0;
-    if (own) {
-      check_cuda(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&ws), layout.total, scratch_pool(p.device.id), stream),
-                 "cudaMallocFromPoolAsync");
-    }
+    if (own) check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&ws), layout.total, stream), "cudaMallocAsync");
     try {
       const CallParams call = call_params(p, plan, outputs, ws);
       if (p.dtype == DType::f16) run_typed<__half>(p, plan, call, stream);

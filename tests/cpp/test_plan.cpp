@@ -123,6 +123,12 @@ TEST(PlanHeuristics, PortableCudaSplitsCountCtaSlots) {
   const Plan many = plan_for(decode_key(64, 8192, 80), same_lengths(64, 1, 8192));
   EXPECT_EQ(many.num_splits, 50);
   EXPECT_EQ(many.num_splits_dynamic, std::vector<int32_t>(64, 3));
+  // Batch 32: 256 unsplit CTAs give every SM one and fit one wave: no split. Batch 8 (64 CTAs)
+  // would leave SMs idle unsplit: the wave rule splits it.
+  const Plan resident = plan_for(decode_key(32, 8192, 80), same_lengths(32, 1, 8192));
+  EXPECT_EQ(resident.num_splits_dynamic, std::vector<int32_t>(32, 1));
+  const Plan few = plan_for(decode_key(8, 8192, 80), same_lengths(8, 1, 8192));
+  EXPECT_GT(few.num_splits_dynamic[0], 1);
   // One long sequence among short ones gets the splits; one without query rows gets 1.
   const Plan mixed = plan_for(decode_key(3, 8192, 80), {{1, 8192}, {1, 100}, {0, 8192}});
   EXPECT_EQ(mixed.num_splits_dynamic, (std::vector<int32_t>{43, 1, 1}));
