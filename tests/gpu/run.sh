@@ -82,11 +82,10 @@ step bench bench.log "$RUNNER" bench
 # The floors by the program users run: paged decode (page 16, 32/8 heads, d 128; --eager: the host
 # work per eager call, issue 14, paged and dense), dense prefill,
 # and batched prefill (32 prompts of 512, causal, page 16): on sm_90 the sm90 family (pages of 16
-# keys by TMA), and the same row on the portable kernels (KVFLASH_SM90=0: the sm80 family with a
-# split bound > 1 but one split per sequence, where a combine over every row costs what one long
-# sequence hides; issue 13: 548 us at 90df2b1, 992 us at 02d27d1), once more with one split: the
-# portable rule's static bound is 4 splits there (1 per sequence on the device), and this row is
-# 1.3x slower than at 90df2b1 in the peers suite (session 6): is it the split machinery?
+# keys by TMA), and the same row on the portable kernels (KVFLASH_SM90=0), by default and with
+# --num-splits 1: the two must match. A split bound above 1 with one split per sequence cost this
+# row 2.8x (0.731 against 0.265 ms, session 7; issue 13's regression since 90df2b1), and padded
+# batches are now planned with one split here (core/heuristics.cpp padded_partial_cap).
 floors() {
   "$BUILD/kvflash" bench --device cuda --batch 1,64 --context 8192 --prefill none --dtype bf16 --eager &&
     "$BUILD/kvflash" bench --device cuda --batch 1 --context 8192 --prefill none --dtype bf16 --eager --page-size 0 &&
