@@ -30,6 +30,7 @@
 namespace kvflash::core {
 
 constexpr int kPortableCtasPerSm = 3;         // decode CTA, d <= 128: registers and shared memory
+                                              // (a family of larger CTAs says its own: SplitRule)
 constexpr int kPortableMinBlocksPerSplit = 2;
 constexpr int kPortableMaxWaves = 4;
 constexpr int kPortableMinMultiWaveBlocks = 16;
@@ -45,7 +46,9 @@ KVFLASH_HD int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-KVFLASH_HD int64_t portable_slots(int usable_sms) { return int64_t{usable_sms} * kPortableCtasPerSm; }
+KVFLASH_HD int64_t portable_slots(int usable_sms, int ctas_per_sm = kPortableCtasPerSm) {
+  return int64_t{usable_sms} * ctas_per_sm;
+}
 
 KVFLASH_HD int64_t portable_blocks_per_split(int64_t total, int waves, int64_t slots) {
   const int64_t per_wave = int64_t{waves} * slots;
@@ -113,9 +116,10 @@ KVFLASH_HD int portable_splits_alone(int m_blocks, int64_t n_blocks, int heads, 
 // Bound on the sum of the per-sequence splits over a batch of `batch` (see above: each sequence
 // adds at most one split beyond n / blocks_per_split, and those add up to at most waves x slots /
 // heads), so a grid of this many (sequence, split) columns always holds every split.
-KVFLASH_HD int64_t portable_split_columns(int batch, int max_splits, int heads, int usable_sms) {
+KVFLASH_HD int64_t portable_split_columns(int batch, int max_splits, int heads, int usable_sms,
+                                          int ctas_per_sm = kPortableCtasPerSm) {
   const int64_t h = heads > 0 ? heads : 1;
-  const int64_t extra = (kPortableMaxWaves * portable_slots(usable_sms) + h - 1) / h;
+  const int64_t extra = (kPortableMaxWaves * portable_slots(usable_sms, ctas_per_sm) + h - 1) / h;
   const int64_t all = int64_t{batch} * max_splits;
   return batch + extra < all ? batch + extra : all;
 }
