@@ -37,20 +37,22 @@ __device__ __forceinline__ constexpr auto acc_as_a(Layout l) {
                      coalesce(make_layout(get<0, 1>(v), get<2>(l))));
 }
 
-// C (+)= A B over the K slices [0, k_end) of one tile, as one wgmma batch; waits until at most
-// kPending batches of this warp group are in flight (-1: no wait). kRegsA: A is in registers (RS).
-template <bool kZeroInit, int kPending, bool kRegsA = false, class Mma, class TA, class TB, class TC>
-__device__ __forceinline__ void warpgroup_gemm(Mma& mma, TA const& a, TB const& b, TC& c, int k_end = 1 << 30) {
+// C (+)= A B over the first kSlices K slices of one tile (0: all), as one wgmma batch; waits until
+// at most kPending batches of this warp group are in flight (-1: no wait). kRegsA: A is in
+// registers (RS). (A runtime bound would branch between the batch's wgmmas, and ptxas then
+// serialises them.)
+template <bool kZeroInit, int kPending, bool kRegsA = false, int kSlices = 0, class Mma, class TA, class TB, class TC>
+__device__ __forceinline__ void warpgroup_gemm(Mma& mma, TA const& a, TB const& b, TC& c) {
+  constexpr int kEnd = kSlices > 0 ? kSlices : decltype(size<2>(a))::value;
+  static_assert(kEnd <= decltype(size<2>(a))::value);
   if constexpr (kRegsA) warpgroup_fence_operand(const_cast<TA&>(a));
   warpgroup_fence_operand(c);
   warpgroup_arrive();
   if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
   CUTLASS_PRAGMA_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
-    if (k < k_end) {
-      cute::gemm(mma, a(_, _, k), b(_, _, k), c);
-      mma.accumulate_ = GMMA::ScaleOut::One;
-    }
+  for (int k = 0; k < kEnd; ++k) {
+    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
   if constexpr (kPending >= 0) warpgroup_wait<kPending>();

@@ -91,8 +91,10 @@ struct MlaTraits {
   static_assert(kSmemBytes <= 227 * 1024, "an sm_90 CTA's shared memory");
 };
 
-// Named barrier (past CUTLASS's reserved ones): group 0 has written a block's P and rescale.
-constexpr uint32_t kMlaPReady = 1;
+// Named barriers (past CUTLASS's reserved ones), both groups' 256 threads each: a key block is in
+// its stage (and the other stage and the P buffer are free), and group 0 has written a block's P
+// and rescale (group 0 arrives, group 1 waits).
+enum MlaBarrier : uint32_t { kMlaBlockReady = 1, kMlaPReady = 2 };
 
 // A descriptor fragment of stage 0 moved to `stage`.
 template <class T, class Frag>
@@ -112,8 +114,9 @@ struct RowSources {
 // Copies this thread's (t of the loading group) chunks of a 64 x 576 tile: rows t / 8 + 16 i,
 // chunks t % 8 + 8 j; latent_dim / rope_dim real channels (the rest zero-filled).
 template <class T>
-__device__ __forceinline__ void copy_tile(typename T::E* tile, int t, const RowSources<typename T::Elem, T::kPasses>& src,
-                                          int latent_dim, int rope_dim, const void* any_address) {
+__device__ __forceinline__ void copy_tile(typename T::E* tile, int t,
+                                          const RowSources<typename T::Elem, T::kPasses>& src, int latent_dim,
+                                          int rope_dim, const void* any_address) {
   Tensor s = make_tensor(make_smem_ptr(tile), typename T::SmemLayoutRows{});
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < T::kPasses; ++i) {
@@ -193,14 +196,14 @@ __device__ __forceinline__ void score_group(const AttentionParams& p, typename T
   static_assert(kRows == T::kRowsPerThread);
   RowSoftmax<kRows> sm(p, start, row0, T::kBlockM, rc);
   const ScoreScale scale(p);
-  // only_qv: the rope channels (zeros) are not multiplied.
-  const int k_end = p.headdim > 0 ? T::kRow / 16 : T::kLatent / 16;
+  const bool with_rope = p.headdim > 0;  // only_qv: the rope channels (zeros) are not multiplied
 
   int stage = 0;
   for (int n = n_last; n >= n_first; --n, stage ^= 1) {
-    __syncthreads();  // block n is in `stage`, and group 1 is done with the last block's P
+    cutlass::arch::NamedBarrier::sync(T::kThreads, kMlaBlockReady);  // block n is in `stage`; P is free
     Tensor tSrS = partition_fragment_C(mma_s, select<0, 1>(typename T::TileS{}));
-    warpgroup_gemm<true, 0>(mma_s, tSrQ, at_stage<T>(tSrK, stage), tSrS, k_end);
+    if (with_rope) warpgroup_gemm<true, 0>(mma_s, tSrQ, at_stage<T>(tSrK, stage), tSrS);
+    else warpgroup_gemm<true, 0, false, T::kLatent / 16>(mma_s, tSrQ, at_stage<T>(tSrK, stage), tSrS);
     float alpha[kRows];
     sm.template step<T::kBlockN>(tSrS, rc, n * T::kBlockN, scale, alpha);
     Tensor rP = scores_as_a<typename T::Elem, E>(tSrS);
@@ -249,7 +252,7 @@ __device__ __forceinline__ void load_group(const AttentionParams& p, typename T:
   for (int n = n_last; n >= n_first; --n, stage ^= 1) {
     cp_async_wait_all();
     cutlass::arch::fence_view_async_shared();  // cp.async's writes, then wgmma's reads
-    __syncthreads();  // block n is in `stage` for both groups; `stage ^ 1` is free
+    cutlass::arch::NamedBarrier::sync(T::kThreads, kMlaBlockReady);  // block n is in `stage`; `stage ^ 1` is free
     if (n > n_first) {
       copy_tile<T>(ss.k.data() + (stage ^ 1) * T::kTileElems, t, next, latent_dim, rope_dim, any_address);
       cp_async_commit();
