@@ -346,15 +346,17 @@ std::vector<int32_t> portable_splits_per_sequence(const Plan& plan, const std::v
   const int64_t heads = scheduled_heads(plan);
   int64_t total = 0;
   for (size_t b = 0; b < n_blocks.size(); ++b) total += heads * m_blocks[b] * n_blocks[b];
-  const int64_t slots = portable_slots(usable_sms(plan.key), family_ctas_per_sm(plan.kernel.family));
-  const int64_t best_blocks =
-      portable_choose_blocks(total, slots, [&](int64_t blocks) {
+  const int ctas_per_sm = family_ctas_per_sm(plan.kernel.family);
+  const int64_t best_blocks = portable_choose_blocks(
+      total, portable_slots(usable_sms(plan.key), ctas_per_sm),
+      [&](int64_t blocks) {
         int64_t ctas = 0;
         for (size_t b = 0; b < n_blocks.size(); ++b) {
           ctas += heads * m_blocks[b] * portable_splits(m_blocks[b], n_blocks[b], blocks, plan.num_splits);
         }
         return ctas;
-      });
+      },
+      ctas_per_sm);
   std::vector<int32_t> splits(n_blocks.size());
   for (size_t b = 0; b < n_blocks.size(); ++b) {
     splits[b] = portable_splits(m_blocks[b], n_blocks[b], best_blocks, plan.num_splits);

@@ -83,11 +83,12 @@ constexpr int64_t kPortableNoSplitBlocks = int64_t{1} << 40;
 // The key blocks per split the rule picks for `total` block-tiles. ctas_for(blocks) gives the
 // CTAs (scheduled heads x query tiles x splits, summed over the batch) that many blocks per split
 // make; it is called for each qualifying wave count in order (the device passes a CTA-wide sum,
-// which every thread reaches alike).
+// which every thread reaches alike). `slots` are ctas_per_sm per SM (the family's).
 template <class CtasFor>
-KVFLASH_HD int64_t portable_choose_blocks(int64_t total, int64_t slots, CtasFor ctas_for) {
+KVFLASH_HD int64_t portable_choose_blocks(int64_t total, int64_t slots, CtasFor ctas_for,
+                                          int ctas_per_sm = kPortableCtasPerSm) {
   const int64_t unsplit = ctas_for(kPortableNoSplitBlocks);
-  if (unsplit * kPortableCtasPerSm >= slots && unsplit <= slots) return kPortableNoSplitBlocks;
+  if (unsplit * ctas_per_sm >= slots && unsplit <= slots) return kPortableNoSplitBlocks;
   int64_t best_blocks = portable_blocks_per_split(total, 1, slots);
   int64_t best_ctas = ctas_for(best_blocks);
   for (int waves = 2; waves <= kPortableMaxWaves; ++waves) {
@@ -105,11 +106,11 @@ KVFLASH_HD int64_t portable_choose_blocks(int64_t total, int64_t slots, CtasFor 
 // Splits of a batch's only sequence (what the batch rule gives it), so a one-sequence call needs
 // no prepare kernel: the attention and combine kernels compute it from the lengths they read.
 KVFLASH_HD int portable_splits_alone(int m_blocks, int64_t n_blocks, int heads, int64_t slots,
-                                     int max_splits) {
+                                     int max_splits, int ctas_per_sm = kPortableCtasPerSm) {
   const int64_t tiles = int64_t{heads} * m_blocks;
-  const int64_t blocks = portable_choose_blocks(tiles * n_blocks, slots, [&](int64_t b) {
-    return tiles * portable_splits(m_blocks, n_blocks, b, max_splits);
-  });
+  const int64_t blocks = portable_choose_blocks(
+      tiles * n_blocks, slots, [&](int64_t b) { return tiles * portable_splits(m_blocks, n_blocks, b, max_splits); },
+      ctas_per_sm);
   return portable_splits(m_blocks, n_blocks, blocks, max_splits);
 }
 

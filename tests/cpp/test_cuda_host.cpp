@@ -279,6 +279,28 @@ TEST(KernelFamily, Sm90MlaPlansMlaDecode) {
   EXPECT_TRUE(plan.pack_gqa);
   EXPECT_EQ(plan.num_splits_dynamic, std::vector<int32_t>(64, 4));
   EXPECT_EQ(cuda::rows_per_cta(plan), 64);
+  // 132 sequences: one unsplit CTA per SM, one wave: no split.
+  PlanKey full = raw;
+  full.batch = 132;
+  Plan unsplit = core::static_plan(core::canonical_key(full, core::DeviceInfo{132, 90}));
+  core::plan_batches(unsplit, std::vector<core::SeqLengths>(132, core::SeqLengths{1, 8192}));
+  EXPECT_EQ(unsplit.num_splits_dynamic, std::vector<int32_t>(132, 1));
+  // A batch of one skips the prepare kernel: the kernel's rule (portable_splits_alone at one CTA
+  // per SM) gives what the planner gives, at 16 and 128 heads.
+  for (int heads : {16, 128}) {
+    for (int seqlen_k : {1, 300, 4096, 8192, 65536}) {
+      PlanKey one = raw;
+      one.batch = 1, one.num_heads = heads, one.max_seqlen_k = 65536;
+      Plan alone = core::static_plan(core::canonical_key(one, core::DeviceInfo{132, 90}));
+      core::plan_batches(alone, {core::SeqLengths{1, seqlen_k}});
+      const int m = core::num_m_blocks(alone, 1);
+      const int64_t n = (seqlen_k + alone.block_n - 1) / alone.block_n;
+      EXPECT_EQ(alone.num_splits_dynamic[0],
+                core::portable_splits_alone(m, n, core::scheduled_heads(alone), core::portable_slots(132, 1),
+                                            alone.num_splits, 1))
+          << heads << " heads, seqlen_k " << seqlen_k;
+    }
+  }
   // The same plan through FA3's int32 metadata.
   const std::vector<int32_t> fa3 = plan.to_fa3();
   EXPECT_EQ(Plan::from_fa3(fa3.data(), fa3.size(), key).kernel, plan.kernel);
