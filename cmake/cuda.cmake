@@ -54,13 +54,14 @@ endif()
 # Kernel families (src/cuda/<family>/) and the architectures each one's files compile for (those
 # of this build among them): its own .cu files and its generated instantiation units go into an
 # object library kvflash_cuda_<family> built for those architectures only.
-set(KVFLASH_FAMILIES sm80 sm90)
+set(KVFLASH_FAMILIES sm80 sm90 sm90_mla)
 set(KVFLASH_FAMILY_ARCHS_sm80 80 90a)
-# The Hopper family (wgmma, TMA, setmaxnreg: sm_90a only) is written with CuTe: without the
-# CUTLASS headers it is not built (its rows are skipped; the rule still picks it on sm_90, and the
-# dispatcher then says the kernel is not in this build).
+# The Hopper families (wgmma, TMA, setmaxnreg: sm_90a only) are written with CuTe: without the
+# CUTLASS headers they are not built (their rows are skipped; the rule still picks them on sm_90,
+# and the dispatcher then says the kernel is not in this build).
 if(KVFLASH_CUTLASS_INCLUDE AND EXISTS "${KVFLASH_CUTLASS_INCLUDE}/cute")
   set(KVFLASH_FAMILY_ARCHS_sm90 90a)
+  set(KVFLASH_FAMILY_ARCHS_sm90_mla 90a)
 endif()
 foreach(_family IN LISTS KVFLASH_FAMILIES)
   set(_archs "")
@@ -95,7 +96,7 @@ file(STRINGS "${_kvflash_table}" _kvflash_rows REGEX "^KVFLASH_INSTANTIATION\\("
 set(_kvflash_gen "${CMAKE_CURRENT_BINARY_DIR}/kvflash_inst")
 set(_kvflash_built "")
 foreach(_row IN LISTS _kvflash_rows)
-  if(NOT _row MATCHES "^KVFLASH_INSTANTIATION\\(([a-z0-9]+), *([a-z0-9]+), *([0-9]+), *([0-9]+)\\)")
+  if(NOT _row MATCHES "^KVFLASH_INSTANTIATION\\(([a-z0-9_]+), *([a-z0-9]+), *([0-9]+), *([0-9]+)\\)")
     message(FATAL_ERROR "instantiations.def: cannot read the row '${_row}'")
   endif()
   set(_family ${CMAKE_MATCH_1})
@@ -135,7 +136,8 @@ option(KVFLASH_GPU_TESTS "Build tests/gpu's kvflash_gpu_runner" OFF)
 if(KVFLASH_GPU_TESTS)
   file(GLOB KVFLASH_GPU_TEST_SOURCES CONFIGURE_DEPENDS tests/gpu/*.cpp)
   add_executable(kvflash_gpu_runner ${KVFLASH_GPU_TEST_SOURCES})
-  if(TARGET kvflash_cuda_sm90)  # the sm90 family's rungs are timed directly (sm90_bench.cpp)
+  # The Hopper families' kernels are timed directly (sm90_bench.cpp) and asked for by name.
+  if(TARGET kvflash_cuda_sm90 AND TARGET kvflash_cuda_sm90_mla)
     target_compile_definitions(kvflash_gpu_runner PRIVATE KVFLASH_WITH_SM90=1)
   endif()
   target_include_directories(kvflash_gpu_runner PRIVATE src tests)

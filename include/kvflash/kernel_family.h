@@ -12,6 +12,8 @@ enum class KernelFamily : int8_t {
   sm80,  // the portable mma.sync kernels, any GPU from sm_80 on (kvflash's split rule)
   sm90,  // the Hopper kernels (sm_90a: TMA, wgmma, warp specialisation), prefill shapes only
          // (core/kernel_family.h says which calls); FA3's split rule at their own tile
+  sm90_mla,  // the Hopper MLA decode kernel (sm_90a, wgmma): calls with qv and few query tokens,
+             // one 576-wide key row (64 rope + 512 latent) per key; kvflash's split rule
 };
 
 enum class KernelShape : int8_t {
@@ -19,6 +21,7 @@ enum class KernelShape : int8_t {
   decode_8,   // decode kernel, 8 packed query rows per CTA
   decode_16,  // decode kernel, 16 packed query rows per CTA (K and V read once for both tiles)
   prefill,    // prefill kernel, the plan's block_m packed rows per CTA
+  mla_decode, // the sm90_mla kernel, the plan's block_m (64) packed rows per CTA
 };
 
 struct KernelChoice {

@@ -146,6 +146,13 @@ bool sm90_allowed() {
   return v == nullptr || std::string(v) != "0";
 }
 
+// KVFLASH_SM90_MLA=1 sends MLA decode calls to the sm90_mla kernel (opt-in until validated on a
+// GPU: tests/gpu/run.sh sets it).
+bool sm90_mla_allowed() {
+  const char* v = std::getenv("KVFLASH_SM90_MLA");
+  return v != nullptr && std::string(v) == "1";
+}
+
 // Pages smaller than a key block go to the sm90 family unless KVFLASH_SM90_SMALL_PAGES=0 (validated
 // on the H200 in session 7; the switch keeps the portable path one variable away, like KVFLASH_SM90).
 bool sm90_small_pages_allowed() {
@@ -167,6 +174,7 @@ FamilyInputs family_inputs(const PlanKey& key) {
   in.sm90_enabled = key.arch == 90 && sm90_allowed();
   in.sm90_small_pages = key.arch == 90 && sm90_small_pages_allowed();
   in.has_qv = key.has_qv;
+  in.sm90_mla = key.arch == 90 && sm90_mla_allowed();
   // The sm90 kernels run one split: a call that asks for more, or that the plan would split at
   // the sm90 tile (FA3's rule, or batch-invariant mode's), stays on the sm80 family.
   if (key.num_splits <= 1 && key.arch == 90) {
@@ -191,7 +199,9 @@ bool use_pagedkv_tma(const PlanKey& key, KernelFamily family, const MaskShape& m
 
 int usable_sms(const PlanKey& key) { return std::max(1, key.num_sms - key.sm_margin); }
 
-bool splits_by_portable_rule(KernelFamily family) { return family == KernelFamily::sm80; }
+bool splits_by_portable_rule(KernelFamily family) {
+  return family == KernelFamily::sm80 || family == KernelFamily::sm90_mla;
+}
 
 namespace {
 
@@ -213,10 +223,10 @@ int64_t padded_partial_cap(const PlanKey& key) {
   return std::max<int64_t>(1, kPortablePartialBytes / std::max<int64_t>(1, split_bytes));
 }
 
-int portable_num_splits(const PlanKey& key, int64_t n_blocks, int64_t m_blocks) {
+int portable_num_splits(const PlanKey& key, KernelFamily family, int64_t n_blocks, int64_t m_blocks) {
   if (key.batch > kMaxDynamicSplitBatch || n_blocks <= 4) return 1;
   const int64_t tiles = std::max<int64_t>(1, int64_t{key.num_heads_k} * m_blocks);
-  const int64_t slots = portable_slots(usable_sms(key));
+  const int64_t slots = portable_slots(usable_sms(key), family_ctas_per_sm(family));
   const int64_t one_wave = std::min(ceil_div(n_blocks, kPortableMinBlocksPerSplit),
                                     ceil_div(slots, tiles));
   const int64_t waves = std::min(ceil_div(n_blocks, kPortableMinMultiWaveBlocks),
@@ -236,7 +246,7 @@ int get_num_splits(const PlanKey& key, KernelFamily family, const MaskShape& mas
                     : s_k;
   const int64_t n_blocks = ceil_div(keys_loaded, tile.block_n);
   const int64_t m_blocks = ceil_div(int64_t{key.max_seqlen_q} * group_size(key), tile.block_m);
-  if (splits_by_portable_rule(family)) return portable_num_splits(key, n_blocks, m_blocks);
+  if (splits_by_portable_rule(family)) return portable_num_splits(key, family, n_blocks, m_blocks);
   const int64_t size_one_kv_head = s_k * (key.headdim + key.headdim_v) * kv_elem_bytes(key);
   // With per-sequence (dynamic) splits this is only an upper bound, computed as if the batch
   // were one long sequence among short ones. Not for the sm90 family's padded batches: its
@@ -336,14 +346,17 @@ std::vector<int32_t> portable_splits_per_sequence(const Plan& plan, const std::v
   const int64_t heads = scheduled_heads(plan);
   int64_t total = 0;
   for (size_t b = 0; b < n_blocks.size(); ++b) total += heads * m_blocks[b] * n_blocks[b];
-  const int64_t best_blocks =
-      portable_choose_blocks(total, portable_slots(usable_sms(plan.key)), [&](int64_t blocks) {
+  const int ctas_per_sm = family_ctas_per_sm(plan.kernel.family);
+  const int64_t best_blocks = portable_choose_blocks(
+      total, portable_slots(usable_sms(plan.key), ctas_per_sm),
+      [&](int64_t blocks) {
         int64_t ctas = 0;
         for (size_t b = 0; b < n_blocks.size(); ++b) {
           ctas += heads * m_blocks[b] * portable_splits(m_blocks[b], n_blocks[b], blocks, plan.num_splits);
         }
         return ctas;
-      });
+      },
+      ctas_per_sm);
   std::vector<int32_t> splits(n_blocks.size());
   for (size_t b = 0; b < n_blocks.size(); ++b) {
     splits[b] = portable_splits(m_blocks[b], n_blocks[b], best_blocks, plan.num_splits);

@@ -61,9 +61,9 @@ bool get_pack_gqa(const PlanKey& key, KernelFamily family, TileSize tile, bool p
 
 // SMs (CPU: hardware threads) the plan may use: num_sms - sm_margin, at least 1.
 int usable_sms(const PlanKey& key);
-// Plans of the sm80 family (the portable CUDA kernels) split by kvflash's rule
-// (core/split_rule.h) instead of FA3's: num_splits is that rule's bound for the key's sizes and
-// the per-batch splits are that rule's.
+// Plans of the sm80 family (the portable CUDA kernels) and the sm90_mla kernel split by kvflash's
+// rule (core/split_rule.h, counting family_ctas_per_sm slots per SM) instead of FA3's: num_splits
+// is that rule's bound for the key's sizes and the per-batch splits are that rule's.
 bool splits_by_portable_rule(KernelFamily family);
 
 // A Plan with the static decisions made from `key` for the family the rule picks

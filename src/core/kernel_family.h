@@ -9,6 +9,7 @@
 #pragma once
 
 #include "core/limits.h"
+#include "core/split_rule.h"
 #include "core/tile_size.h"
 #include "kvflash/kernel_family.h"
 
@@ -32,6 +33,9 @@ struct FamilyInputs {
   // (family_inputs()).
   bool sm90_small_pages = true;
   bool has_qv = false;      // qv given (MLA): the d_v 512 instantiation
+  // The sm90_mla kernel: off unless KVFLASH_SM90_MLA=1 (family_inputs()) until the GPU runner has
+  // validated it (written without a GPU).
+  bool sm90_mla = false;
 };
 
 // Keys per block of the sm90 family's kernels at head dim d (src/cuda/sm90/prefill_kernel.cuh);
@@ -68,11 +72,27 @@ KVFLASH_HD constexpr bool sm90_takes(const FamilyInputs& in) {
          in.max_seqlen_q >= 64 && in.one_split && sm90_reads_pages(in);
 }
 
-// Rows, first match wins: the Hopper family on sm_90 (its kernels are sm_90a code) for the calls
-// it takes, the portable sm80 kernels on every other GPU and call.
+// The sm90_mla kernel's tile (src/cuda/sm90/mla_kernel.cuh): 64 packed query rows (query heads x
+// tokens of one KV head) per CTA, 64 keys per block.
+constexpr int kSm90MlaBlockM = 64;
+constexpr int kSm90MlaBlockN = 64;
+// MLA decode: at most this many query tokens per sequence (decode, speculative / MTP tokens);
+// longer query sides are prefill, the portable kernels' work.
+constexpr int kSm90MlaMaxSeqlenQ = 16;
+
+// The calls the sm90_mla kernel takes (opted in): fp16 / bf16 with qv (MLA: the 64 / 512
+// instantiation, only_qv too), a decode's query side; any cache layout (it gathers key rows by
+// cp.async: dense, leftpad, pages of any size) and any split count.
+KVFLASH_HD constexpr bool sm90_mla_takes(const FamilyInputs& in) {
+  return in.sm90_mla && in.sixteen_bit && in.has_qv && in.max_seqlen_q <= kSm90MlaMaxSeqlenQ;
+}
+
+// Rows, first match wins: the Hopper families on sm_90 (their kernels are sm_90a code) for the
+// calls they take, the portable sm80 kernels on every other GPU and call.
 KVFLASH_HD constexpr KernelFamily kernel_family(const FamilyInputs& in) {
   if (in.arch == 0) return KernelFamily::cpu;
   if (in.arch == 90 && in.sm90_enabled && sm90_takes(in)) return KernelFamily::sm90;
+  if (in.arch == 90 && in.sm90_enabled && sm90_mla_takes(in)) return KernelFamily::sm90_mla;
   return KernelFamily::sm80;
 }
 
@@ -83,7 +103,14 @@ KVFLASH_HD constexpr TileSize family_tile(KernelFamily family, const TileInputs&
     const int d = round_up_headdim(in.headdim), dv = round_up_headdim_v(in.headdim_v);
     return {128, sm90_block_n(d > dv ? d : dv)};
   }
+  if (family == KernelFamily::sm90_mla) return {kSm90MlaBlockM, kSm90MlaBlockN};
   return tile_size_sm80(in);
+}
+
+// CTA slots per SM the portable split rule (core/split_rule.h) counts for a family's kernels: one
+// for the sm90_mla kernel (its shared memory fills an SM), the portable decode CTA's otherwise.
+KVFLASH_HD constexpr int family_ctas_per_sm(KernelFamily family) {
+  return family == KernelFamily::sm90_mla ? 1 : kPortableCtasPerSm;
 }
 
 // Head dims of the instantiation that runs (d, d_v): (192, 128) for its own shape, (64, 512) for
@@ -116,8 +143,9 @@ KVFLASH_HD constexpr KernelShape sm80_shape(int64_t packed_rows, const InstanceD
 KVFLASH_HD constexpr KernelChoice family_kernel(KernelFamily family, const FamilyInputs& in) {
   if (family == KernelFamily::cpu) return KernelChoice{};
   const InstanceDims dims = instance_dims(in.headdim, in.headdim_v, in.has_qv);
-  const KernelShape shape = family == KernelFamily::sm80 ? sm80_shape(in.packed_rows, dims)
-                                                         : KernelShape::prefill;
+  const KernelShape shape = family == KernelFamily::sm80       ? sm80_shape(in.packed_rows, dims)
+                           : family == KernelFamily::sm90_mla ? KernelShape::mla_decode
+                                                              : KernelShape::prefill;
   return KernelChoice{family, shape, dims.headdim, dims.headdim_v};
 }
 

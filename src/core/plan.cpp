@@ -192,6 +192,7 @@ const char* family_name(KernelFamily family) {
     case KernelFamily::cpu: return "cpu";
     case KernelFamily::sm80: return "sm80";
     case KernelFamily::sm90: return "sm90";
+    case KernelFamily::sm90_mla: return "sm90_mla";
   }
   return "?";
 }
@@ -202,6 +203,7 @@ const char* shape_name(KernelShape shape) {
     case KernelShape::decode_8: return "decode_8";
     case KernelShape::decode_16: return "decode_16";
     case KernelShape::prefill: return "prefill";
+    case KernelShape::mla_decode: return "mla_decode";
   }
   return "?";
 }

@@ -30,6 +30,7 @@
 namespace kvflash::core {
 
 constexpr int kPortableCtasPerSm = 3;         // decode CTA, d <= 128: registers and shared memory
+                                              // (a family of larger CTAs says its own: SplitRule)
 constexpr int kPortableMinBlocksPerSplit = 2;
 constexpr int kPortableMaxWaves = 4;
 constexpr int kPortableMinMultiWaveBlocks = 16;
@@ -45,7 +46,9 @@ KVFLASH_HD int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-KVFLASH_HD int64_t portable_slots(int usable_sms) { return int64_t{usable_sms} * kPortableCtasPerSm; }
+KVFLASH_HD int64_t portable_slots(int usable_sms, int ctas_per_sm = kPortableCtasPerSm) {
+  return int64_t{usable_sms} * ctas_per_sm;
+}
 
 KVFLASH_HD int64_t portable_blocks_per_split(int64_t total, int waves, int64_t slots) {
   const int64_t per_wave = int64_t{waves} * slots;
@@ -80,11 +83,12 @@ constexpr int64_t kPortableNoSplitBlocks = int64_t{1} << 40;
 // The key blocks per split the rule picks for `total` block-tiles. ctas_for(blocks) gives the
 // CTAs (scheduled heads x query tiles x splits, summed over the batch) that many blocks per split
 // make; it is called for each qualifying wave count in order (the device passes a CTA-wide sum,
-// which every thread reaches alike).
+// which every thread reaches alike). `slots` are ctas_per_sm per SM (the family's).
 template <class CtasFor>
-KVFLASH_HD int64_t portable_choose_blocks(int64_t total, int64_t slots, CtasFor ctas_for) {
+KVFLASH_HD int64_t portable_choose_blocks(int64_t total, int64_t slots, CtasFor ctas_for,
+                                          int ctas_per_sm = kPortableCtasPerSm) {
   const int64_t unsplit = ctas_for(kPortableNoSplitBlocks);
-  if (unsplit * kPortableCtasPerSm >= slots && unsplit <= slots) return kPortableNoSplitBlocks;
+  if (unsplit * ctas_per_sm >= slots && unsplit <= slots) return kPortableNoSplitBlocks;
   int64_t best_blocks = portable_blocks_per_split(total, 1, slots);
   int64_t best_ctas = ctas_for(best_blocks);
   for (int waves = 2; waves <= kPortableMaxWaves; ++waves) {
@@ -102,20 +106,21 @@ KVFLASH_HD int64_t portable_choose_blocks(int64_t total, int64_t slots, CtasFor 
 // Splits of a batch's only sequence (what the batch rule gives it), so a one-sequence call needs
 // no prepare kernel: the attention and combine kernels compute it from the lengths they read.
 KVFLASH_HD int portable_splits_alone(int m_blocks, int64_t n_blocks, int heads, int64_t slots,
-                                     int max_splits) {
+                                     int max_splits, int ctas_per_sm = kPortableCtasPerSm) {
   const int64_t tiles = int64_t{heads} * m_blocks;
-  const int64_t blocks = portable_choose_blocks(tiles * n_blocks, slots, [&](int64_t b) {
-    return tiles * portable_splits(m_blocks, n_blocks, b, max_splits);
-  });
+  const int64_t blocks = portable_choose_blocks(
+      tiles * n_blocks, slots, [&](int64_t b) { return tiles * portable_splits(m_blocks, n_blocks, b, max_splits); },
+      ctas_per_sm);
   return portable_splits(m_blocks, n_blocks, blocks, max_splits);
 }
 
 // Bound on the sum of the per-sequence splits over a batch of `batch` (see above: each sequence
 // adds at most one split beyond n / blocks_per_split, and those add up to at most waves x slots /
 // heads), so a grid of this many (sequence, split) columns always holds every split.
-KVFLASH_HD int64_t portable_split_columns(int batch, int max_splits, int heads, int usable_sms) {
+KVFLASH_HD int64_t portable_split_columns(int batch, int max_splits, int heads, int usable_sms,
+                                          int ctas_per_sm = kPortableCtasPerSm) {
   const int64_t h = heads > 0 ? heads : 1;
-  const int64_t extra = (kPortableMaxWaves * portable_slots(usable_sms) + h - 1) / h;
+  const int64_t extra = (kPortableMaxWaves * portable_slots(usable_sms, ctas_per_sm) + h - 1) / h;
   const int64_t all = int64_t{batch} * max_splits;
   return batch + extra < all ? batch + extra : all;
 }

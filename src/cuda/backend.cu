@@ -16,6 +16,7 @@
 #include "cuda/ops/kernels.h"
 #include "cuda/sm80/launch.h"
 #include "cuda/sm90/launch.h"
+#include "cuda/sm90_mla/launch.h"
 
 namespace kvflash {
 namespace cuda {

@@ -70,19 +70,29 @@ struct Sm90SmallPagesOff {
   ~Sm90SmallPagesOff() { unsetenv("KVFLASH_SM90_SMALL_PAGES"); }
 };
 
+// KVFLASH_SM90_MLA=1 for one test's scope (the sm90_mla kernel, opt-in).
+struct Sm90Mla {
+  Sm90Mla() { setenv("KVFLASH_SM90_MLA", "1", 1); }
+  ~Sm90Mla() { unsetenv("KVFLASH_SM90_MLA"); }
+};
+
 // What the dispatcher must launch for a call, from the call's own values (as the kernels see
 // them: packed rows = s_q x group), and what the Plan says, agree on every random case for every
 // arch; the Plan's kernel is in the table, its compiled tile is the Plan's tile and the grid's
 // rows per CTA are the kernel's.
 TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
   const int archs[] = {80, 86, 89, 90, 100, 120};
-  int checked = 0, sm90 = 0, sm90_small_pages = 0;
+  const Sm90Mla mla_kernel;  // the GPU runner's setting (tests/gpu/run.sh)
+  int checked = 0, sm90 = 0, sm90_small_pages = 0, sm90_mla = 0;
   std::set<std::tuple<int, int, int, int>> kernels;
-  // The default draws, then prefill shapes (the sm90 family's head dims, >= 64 query rows).
+  // The default draws, then prefill shapes (the sm90 family's head dims, >= 64 query rows), then
+  // MLA draws (the GPU runner's mla subset).
   oracle::CaseLimits prefill;
   prefill.headdims = {64, 128, 256}, prefill.min_seqlen_q = 64, prefill.max_seqlen_q = 512;
-  for (uint64_t seed = 1; seed <= 500; ++seed) {
-    oracle::Case c = oracle::make_random_case(seed, seed <= 400 ? oracle::CaseLimits{} : prefill);
+  oracle::CaseLimits mla;
+  mla.mla = true;
+  for (uint64_t seed = 1; seed <= 600; ++seed) {
+    oracle::Case c = oracle::make_random_case(seed, seed <= 400 ? oracle::CaseLimits{} : seed <= 500 ? prefill : mla);
     validate(c.args);
     core::Problem p = core::resolve(c.args);
     const oracle::CaseOutputs outs = oracle::allocate_outputs(output_spec(c.args), false);
@@ -104,6 +114,7 @@ TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
       call.one_split = core::family_inputs(key).one_split;
       call.sm90_enabled = true;  // the planner's split rule decides it
       call.has_qv = p.has_qv;
+      call.sm90_mla = true;
       EXPECT_EQ(plan.kernel, core::choose_kernel(call));
       if (plan.kernel.family == KernelFamily::sm90) {
         ++sm90;
@@ -112,6 +123,13 @@ TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
         EXPECT_GE(p.seqlen_q, 64);
         // Pages smaller than a key block (the GPU runner's sm90 subset draws these limits too).
         if (p.paged && p.page_size < core::sm90_block_n(p.headdim)) ++sm90_small_pages;
+      } else if (plan.kernel.family == KernelFamily::sm90_mla) {
+        ++sm90_mla;
+        EXPECT_EQ(arch, 90);
+        EXPECT_TRUE(p.has_qv);
+        EXPECT_LE(p.seqlen_q, core::kSm90MlaMaxSeqlenQ);
+        EXPECT_EQ(plan.kernel.shape, KernelShape::mla_decode);
+        EXPECT_TRUE(plan.pack_gqa);  // the kernel packs the query heads into its rows
       } else {
         EXPECT_EQ(plan.kernel.family, KernelFamily::sm80);
       }
@@ -133,6 +151,7 @@ TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
   }
   EXPECT_GT(checked, 600);
   EXPECT_GT(sm90, 0);  // some random calls are prefill shapes the Hopper family takes
+  EXPECT_GT(sm90_mla, 0);  // ... and some MLA decode calls the sm90_mla kernel takes
   EXPECT_GT(sm90_small_pages, 0);  // ... some of them paged by pages smaller than a key block
   EXPECT_GT(kernels.size(), 30u);  // every shape over several instantiations was reached
 }
@@ -150,11 +169,15 @@ TEST(KernelFamily, EverySupportedHeadDimHasAnInstantiation) {
         ++pairs;
         for (DType dtype : {bf16, f16}) {
           for (int64_t rows : {1, 9, 16, 17, 4096}) {
-            core::FamilyInputs in{90, true, d, dv, rows};
-            in.has_qv = qv;
-            const KernelChoice k = core::choose_kernel(in);
-            EXPECT_TRUE(in_table(k, dtype)) << d << " x " << dv << (qv ? " qv" : "");
-            if (qv || dv > 256) EXPECT_EQ(k.headdim_v, 512) << d << " x " << dv;
+            for (bool mla_kernel : {false, true}) {
+              core::FamilyInputs in{90, true, d, dv, rows};
+              in.has_qv = qv;
+              in.max_seqlen_q = 1;
+              in.sm90_mla = mla_kernel;
+              const KernelChoice k = core::choose_kernel(in);
+              EXPECT_TRUE(in_table(k, dtype)) << d << " x " << dv << (qv ? " qv" : "");
+              if (qv || dv > 256) EXPECT_EQ(k.headdim_v, 512) << d << " x " << dv;
+            }
           }
         }
       }
@@ -191,6 +214,106 @@ TEST(KernelFamily, Sm90RuleRow) {
   EXPECT_EQ(with([](auto& c) { c.one_split = false; }), KernelFamily::sm80);
   EXPECT_EQ(with([](auto& c) { c.page_size = 256, c.has_leftpad = true; }), KernelFamily::sm80);
   EXPECT_EQ(with([](auto& c) { c.has_leftpad = true; }), KernelFamily::sm90);  // dense: TMA at any row
+}
+
+// Calls the sm90_mla kernel takes (MLA decode: qv, at most kSm90MlaMaxSeqlenQ query tokens, fp16
+// / bf16, on sm_90, opted in), one condition changed at a time; every cache layout.
+TEST(KernelFamily, Sm90MlaRuleRow) {
+  core::FamilyInputs in{90, true, 64, 512, 16};
+  in.max_seqlen_q = 1;
+  in.has_qv = true;
+  in.sm90_mla = true;
+  const KernelChoice k = core::choose_kernel(in);
+  EXPECT_EQ(k, (KernelChoice{KernelFamily::sm90_mla, KernelShape::mla_decode, 64, 512}));
+  EXPECT_TRUE(in_table(k, bf16) && in_table(k, f16));
+  const core::TileSize tile = core::family_tile(KernelFamily::sm90_mla, core::TileInputs{64, 512});
+  EXPECT_EQ(tile.block_m, 64);
+  EXPECT_EQ(tile.block_n, 64);
+  EXPECT_EQ(core::family_ctas_per_sm(KernelFamily::sm90_mla), 1);  // its shared memory fills an SM
+  EXPECT_EQ(core::family_ctas_per_sm(KernelFamily::sm80), core::kPortableCtasPerSm);
+  auto with = [&](auto change) {
+    core::FamilyInputs c = in;
+    change(c);
+    return core::kernel_family(c);
+  };
+  EXPECT_EQ(with([](auto& c) { c.sm90_mla = false; }), KernelFamily::sm80);  // not opted in
+  EXPECT_EQ(with([](auto& c) { c.sm90_enabled = false; }), KernelFamily::sm80);  // KVFLASH_SM90=0
+  EXPECT_EQ(with([](auto& c) { c.arch = 100; }), KernelFamily::sm80);  // sm_90a code only
+  EXPECT_EQ(with([](auto& c) { c.arch = 89; }), KernelFamily::sm80);
+  EXPECT_EQ(with([](auto& c) { c.sixteen_bit = false; }), KernelFamily::sm80);
+  EXPECT_EQ(with([](auto& c) { c.has_qv = false; }), KernelFamily::sm80);  // d_v 512 without qv
+  EXPECT_EQ(with([](auto& c) { c.max_seqlen_q = core::kSm90MlaMaxSeqlenQ + 1; }), KernelFamily::sm80);
+  EXPECT_EQ(with([](auto& c) { c.max_seqlen_q = core::kSm90MlaMaxSeqlenQ; }), KernelFamily::sm90_mla);
+  EXPECT_EQ(with([](auto& c) { c.headdim = 0; }), KernelFamily::sm90_mla);  // only_qv without q
+  EXPECT_EQ(with([](auto& c) { c.headdim_v = 256; }), KernelFamily::sm90_mla);  // zero-padded to 512
+  EXPECT_EQ(with([](auto& c) { c.packed_rows = 128 * 16; }), KernelFamily::sm90_mla);  // 128 heads x 16
+  for (int page : {0, 1, 3, 16, 64, 256}) {
+    EXPECT_EQ(with([&](auto& c) { c.page_size = page, c.has_leftpad = true; }), KernelFamily::sm90_mla) << page;
+  }
+}
+
+// The planner on an H200: SGLang's MLA decode (one KV head, 16 query heads, page 64) runs the
+// sm90_mla kernel only when opted in, at its 64 x 64 tile, packed; its splits count one CTA per
+// SM (b64 x 8192: 4 splits each, 256 CTAs on 132 SMs; the portable kernels count three per SM
+// with their 32-key blocks at d_v 512: 13 each).
+TEST(KernelFamily, Sm90MlaPlansMlaDecode) {
+  PlanKey raw;
+  raw.batch = 64, raw.max_seqlen_q = 1, raw.max_seqlen_k = 8192, raw.page_size = 64;
+  raw.num_heads = 16, raw.num_heads_k = 1, raw.headdim = 64, raw.headdim_v = 512, raw.has_qv = true;
+  raw.dtype = DType::bf16;
+  const PlanKey key = core::canonical_key(raw, core::DeviceInfo{132, 90});
+  const std::vector<core::SeqLengths> lengths(64, core::SeqLengths{1, 8192});
+  const auto plan_of = [&](const PlanKey& k) {
+    Plan plan = core::static_plan(k);
+    core::plan_batches(plan, lengths);
+    return plan;
+  };
+  const Plan portable = plan_of(key);
+  EXPECT_EQ(portable.kernel.family, KernelFamily::sm80);
+  EXPECT_EQ(portable.num_splits_dynamic, std::vector<int32_t>(64, 13));
+  const Sm90Mla on;
+  const Plan plan = plan_of(key);
+  EXPECT_EQ(plan.kernel, (KernelChoice{KernelFamily::sm90_mla, KernelShape::mla_decode, 64, 512}));
+  EXPECT_EQ(plan.block_m, 64);
+  EXPECT_EQ(plan.block_n, 64);
+  EXPECT_TRUE(plan.pack_gqa);
+  EXPECT_EQ(plan.num_splits_dynamic, std::vector<int32_t>(64, 4));
+  EXPECT_EQ(cuda::rows_per_cta(plan), 64);
+  // 132 sequences: one unsplit CTA per SM, one wave: no split.
+  PlanKey full = raw;
+  full.batch = 132;
+  Plan unsplit = core::static_plan(core::canonical_key(full, core::DeviceInfo{132, 90}));
+  core::plan_batches(unsplit, std::vector<core::SeqLengths>(132, core::SeqLengths{1, 8192}));
+  EXPECT_EQ(unsplit.num_splits_dynamic, std::vector<int32_t>(132, 1));
+  // A batch of one skips the prepare kernel: the kernel's rule (portable_splits_alone at one CTA
+  // per SM) gives what the planner gives, at 16 and 128 heads.
+  for (int heads : {16, 128}) {
+    for (int seqlen_k : {1, 300, 4096, 8192, 65536}) {
+      PlanKey one = raw;
+      one.batch = 1, one.num_heads = heads, one.max_seqlen_k = 65536;
+      Plan alone = core::static_plan(core::canonical_key(one, core::DeviceInfo{132, 90}));
+      core::plan_batches(alone, {core::SeqLengths{1, seqlen_k}});
+      const int m = core::num_m_blocks(alone, 1);
+      const int64_t n = (seqlen_k + alone.block_n - 1) / alone.block_n;
+      EXPECT_EQ(alone.num_splits_dynamic[0],
+                core::portable_splits_alone(m, n, core::scheduled_heads(alone), core::portable_slots(132, 1),
+                                            alone.num_splits, 1))
+          << heads << " heads, seqlen_k " << seqlen_k;
+    }
+  }
+  // The same plan through FA3's int32 metadata.
+  const std::vector<int32_t> fa3 = plan.to_fa3();
+  EXPECT_EQ(Plan::from_fa3(fa3.data(), fa3.size(), key).kernel, plan.kernel);
+  PlanKey other = key;  // not MLA decode: the portable kernels
+  other.max_seqlen_q = 4096;
+  EXPECT_EQ(core::static_plan(other).kernel.family, KernelFamily::sm80);
+  other = core::canonical_key(raw, core::DeviceInfo{132, 100});
+  EXPECT_EQ(core::static_plan(other).kernel.family, KernelFamily::sm80);
+  other = key;
+  other.has_qv = false;
+  EXPECT_EQ(core::static_plan(other).kernel.family, KernelFamily::sm80);
+  const Sm90OptOut off;
+  EXPECT_EQ(core::static_plan(key).kernel.family, KernelFamily::sm80);
 }
 
 // Page sizes the sm90 kernels read by TMA, at each head dim's key block (128 keys up to d 128, 64

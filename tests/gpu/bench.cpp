@@ -2,7 +2,11 @@
 // several calls, each call with a Plan and a workspace; median of the repeats):
 //   paged decode, page 16, 32 / 8 heads, d 128: batch 64 x 8192 (TB/s of K+V read) and
 //   batch 1 x 8192 (us per call; the graph cycles through 16 disjoint page sets, 128 MB, past L2);
-//   prefill, one sequence of 16384 tokens, 16 heads, d 128, non-causal (TFLOP/s).
+//   prefill, one sequence of 16384 tokens, 16 heads, d 128, non-causal (TFLOP/s);
+//   MLA decode (issue 16), page 64, one KV head, q / k_cache d 64, qv / v_cache d 512: 16 query
+//   heads at batch 64 x 8192 (TB/s of cache read, memory bound) and 128 query heads at batch
+//   128 x 8192 (TFLOP/s, compute bound); the family that ran is printed with the plan
+//   (KVFLASH_SM90_MLA=1: sm90_mla on the H200).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -85,7 +89,8 @@ double time_calls(std::vector<KvCacheArgs>& calls, const Outputs& out, int repea
     if (r >= 2) ms.push_back(t / float(calls.size()));
   }
   std::sort(ms.begin(), ms.end());
-  std::printf("    (plan: block %dx%d, num_splits %d)\n", plan.block_m, plan.block_n, plan.num_splits);
+  std::printf("    (plan: %s, block %dx%d, num_splits %d)\n", family_name(plan.kernel.family), plan.block_m,
+              plan.block_n, plan.num_splits);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaFree(ws);
@@ -159,16 +164,57 @@ Result bench_prefill(int seqlen, bool causal) {
   return {causal ? "prefill 16k causal" : "prefill 16k non-causal", ms, flops / (ms * 1e-3) / 1e12, "TFLOP/s"};
 }
 
+// MLA decode: one query token per sequence against `context` keys of 576 channels each.
+Result bench_mla(int batch, int heads, int context) {
+  constexpr int kRope = 64, kLatent = 512, kPage = 64;
+  const int pages_per_seq = context / kPage;
+  const int num_pages = batch * pages_per_seq;
+  void* k_cache = random_bf16(size_t(num_pages) * kPage * kRope);
+  void* v_cache = random_bf16(size_t(num_pages) * kPage * kLatent);
+  void* q = random_bf16(size_t(batch) * heads * kRope);
+  void* qv = random_bf16(size_t(batch) * heads * kLatent);
+  void* out = random_bf16(size_t(batch) * heads * kLatent);
+  float* lse = nullptr;
+  check(cudaMalloc(&lse, size_t(batch) * heads * 4), "lse");
+  std::vector<int32_t> pages(static_cast<size_t>(num_pages));
+  std::iota(pages.begin(), pages.end(), 0);
+  std::shuffle(pages.begin(), pages.end(), std::mt19937(3));
+  KvCacheArgs a;
+  a.q = cuda_view(q, DType::bf16, {batch, 1, heads, kRope});
+  a.qv = cuda_view(qv, DType::bf16, {batch, 1, heads, kLatent});
+  a.k_cache = cuda_view(k_cache, DType::bf16, {num_pages, kPage, 1, kRope});
+  a.v_cache = cuda_view(v_cache, DType::bf16, {num_pages, kPage, 1, kLatent});
+  a.page_table = cuda_view(device_ints(pages), DType::i32, {batch, pages_per_seq});
+  a.cache_seqlens = cuda_view(device_ints(std::vector<int32_t>(size_t(batch), context)), DType::i32, {batch});
+  a.causal = true;
+  std::vector<KvCacheArgs> calls{a};
+  Outputs o;
+  o.out = cuda_view(out, DType::bf16, {batch, 1, heads, kLatent});
+  o.softmax_lse = cuda_view(lse, DType::f32, {batch, heads, 1});
+  const double ms = time_calls(calls, o, 20);
+  if (heads <= 16) {
+    const double bytes = double(batch) * context * (kRope + kLatent) * 2;
+    return {"mla h16 b64 x 8192 (TB/s)", ms, bytes / (ms * 1e-3) / 1e12, "TB/s"};
+  }
+  const double flops = 2.0 * batch * heads * double(context) * (kRope + 2 * kLatent);  // q.k + qv.v, P V
+  return {"mla h128 b128 x 8192", ms, flops / (ms * 1e-3) / 1e12, "TFLOP/s"};
+}
+
 }  // namespace
 
 int run_bench(const std::string& only) {
   std::vector<Result> results;
-  auto wanted = [&](const char* name) { return only.empty() || only == name; };
+  // A case by name, or "mla" for both MLA rows.
+  auto wanted = [&](const char* name) {
+    return only.empty() || only == name || (only == "mla" && std::string(name).rfind("mla", 0) == 0);
+  };
   try {
     if (wanted("decode64")) results.push_back(bench_decode(64, 8192, 1));
     if (wanted("decode1")) results.push_back(bench_decode(1, 8192, 16));
     if (wanted("prefill")) results.push_back(bench_prefill(16384, false));
     if (wanted("prefill_causal")) results.push_back(bench_prefill(16384, true));
+    if (wanted("mla16")) results.push_back(bench_mla(64, 16, 8192));
+    if (wanted("mla128")) results.push_back(bench_mla(128, 128, 8192));
   } catch (const Error& e) {
     std::printf("bench: the call threw: %s\n", e.what());
     return 1;

@@ -9,13 +9,17 @@
 //                                                     prefill shapes and keeps the calls the
 //                                                     Hopper prefill family takes; mla draws
 //                                                     MLA shapes (d 64 / d_v 512, qv, only_qv,
-//                                                     1 KV head, 16 or 128 query heads)
+//                                                     1 KV head, 16 or 128 query heads);
+//                                                     sm90mla draws those and keeps the calls
+//                                                     the sm90_mla kernel takes (opted in:
+//                                                     KVFLASH_SM90_MLA=1, on sm_90)
 //   kvflash_gpu_runner sm90bench [small]              the sm90 family's rungs timed (sm90_bench.cpp;
 //                                                     small: once each on small shapes, untimed)
 //   kvflash_gpu_runner graph                          capture a decode step, replay with new lengths
 //   kvflash_gpu_runner combine                        kvflash::combine on the GPU vs the CPU
 //   kvflash_gpu_runner bench [case]                   the issue's speed floors (decode64, decode1,
-//                                                     prefill, prefill_causal; default all)
+//                                                     prefill, prefill_causal, mla16, mla128, or
+//                                                     mla for both; default all)
 //   kvflash_gpu_runner badinput | bitwise [count] | streams [count]
 //                                                     issue 18 (reliability_test.cpp)
 //
@@ -34,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "core/kernel_family.h"
 #include "kvflash/kvflash.h"
 #include "oracle/oracle.h"
 #include "oracle/random_case.h"
@@ -69,6 +74,7 @@ bool in_subset(const std::string& only, const KvCacheArgs& a, const KvCacheArgs&
   if (only == "split") return splits > 1;
   if (only == "mla") return true;  // drawn as such (run_random)
   if (only == "sm90") return make_plan(dev).kernel.family == KernelFamily::sm90;
+  if (only == "sm90mla") return make_plan(dev).kernel.family == KernelFamily::sm90_mla;
   if (only == "prefill") {  // more than 16 packed query rows: the prefill tile shape
     const TensorView& query = a.q ? *a.q : *a.qv;
     const int64_t rows_per_seq = a.cu_seqlens_q ? a.max_seqlen_q.value_or(0) : query.size(1);
@@ -85,7 +91,8 @@ int run_random(int count, uint64_t first_seed, const std::string& only) {
   const bool trace = std::getenv("KVFLASH_RUNNER_TRACE") != nullptr;
   oracle::CaseLimits limits;
   if (only == "sm90") limits.headdims = {64, 128, 256}, limits.min_seqlen_q = 64, limits.max_seqlen_q = 512;
-  if (only == "mla") limits.mla = true, limits.max_work *= 4;  // 128 heads x 1088 MACs per key
+  if (only == "mla" || only == "sm90mla") limits.mla = true, limits.max_work *= 4;  // 128 heads x 1088 MACs per key
+  if (only == "sm90mla") limits.max_seqlen_q = core::kSm90MlaMaxSeqlenQ;
   for (uint64_t seed = first_seed; tally.passed + tally.failed < count && seed < first_seed + 20 * count; ++seed) {
     oracle::Case c = oracle::make_random_case(seed, limits);
     if (!cuda_supports(c.args)) {
@@ -186,6 +193,6 @@ int main(int argc, char** argv) {
   if (mode == "badinput") return run_bad_input();
   if (mode == "bitwise") return run_bitwise(argc > 2 ? std::atoi(argv[2]) : 200);
   if (mode == "streams") return run_streams(argc > 2 ? std::atoi(argv[2]) : 100);
-  std::fprintf(stderr, "usage: %s random <count> [first_seed] [split|prefill|sm90|mla] | graph | combine | bench [case] | sm90bench [small] | badinput | bitwise [count] | streams [count]\n", argv[0]);
+  std::fprintf(stderr, "usage: %s random <count> [first_seed] [split|prefill|sm90|mla|sm90mla] | graph | combine | bench [case] | sm90bench [small] | badinput | bitwise [count] | streams [count]\n", argv[0]);
   return 2;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU test runner, one call on a GPU machine: build (all instantiations, sm_80 + sm_90a),
 # resource usage of the kernels, >= 1000 random differential cases against the oracle (and 300
-# MLA ones),
+# MLA ones on the portable kernels, 300 on the sm90_mla kernel, its bench rows),
 # compute-sanitizer memcheck, racecheck, initcheck and synccheck over a subset (memcheck also over
 # issue 18's malformed-call table), bitwise determinism and batch invariance, the same cases from
 # several threads on their own streams, the CUDA-graph
@@ -20,6 +20,9 @@ RACECHECK_CASES=${RACECHECK_CASES:-12}
 INITCHECK_CASES=${INITCHECK_CASES:-12}
 SYNCCHECK_CASES=${SYNCCHECK_CASES:-12}
 JOBS=${JOBS:-$(nproc)}
+# The sm90_mla kernel (MLA decode on sm_90, issue 16): opt-in in the library until this runner has
+# validated it, so the runner turns it on; the mla step keeps the portable kernels' MLA path.
+export KVFLASH_SM90_MLA=${KVFLASH_SM90_MLA:-1}
 BUILD=${BUILD:-build-gpu}
 declare -A status
 
@@ -48,6 +51,10 @@ fi
    cuobjdump --dump-resource-usage "$o" | grep -E "Function|REG"
    echo "HMMA in sm_90 SASS: $(cuobjdump --dump-sass -arch sm_90a "$o" | grep -c HMMA)"
    echo "LDGSTS: $(cuobjdump --dump-sass -arch sm_90a "$o" | grep -c LDGSTS)"
+ done
+ for o in "$BUILD"/CMakeFiles/kvflash_cuda_sm90_mla.dir/kvflash_inst/sm90_mla_bf16_64x512.cu.o; do
+   cuobjdump --dump-resource-usage "$o" | grep -E "Function|REG"
+   echo "HGMMA in sm90_mla SASS: $(cuobjdump --dump-sass -arch sm_90a "$o" | grep -c HGMMA)"
  done) >"$OUT/resources.txt" 2>&1
 
 step random random.log "$RUNNER" random "$CASES" 1
@@ -56,7 +63,11 @@ step random random.log "$RUNNER" random "$CASES" 1
 step sm90 sm90.log env KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random "${SM90_CASES:-1000}" 1 sm90
 step sm80prefill sm80prefill.log env KVFLASH_SM90=0 "$RUNNER" random "${SM80_PREFILL_CASES:-300}" 20001 prefill
 # MLA (d 64 / d_v 512, qv, only_qv, 1 KV head, 16 or 128 query heads), which a plain draw rarely makes.
-step mla mla.log "$RUNNER" random "${MLA_CASES:-300}" 1 mla
+step mla mla.log env KVFLASH_SM90_MLA=0 "$RUNNER" random "${MLA_CASES:-300}" 1 mla
+# The same draws' calls the sm90_mla kernel takes (decode shapes with qv), then its bench rows
+# (16 heads b64 x 8k page 64: TB/s; 128 heads b128 x 8k: TFLOP/s) beside the portable kernels'.
+step sm90mla sm90mla.log env KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random "${MLA_CASES:-300}" 1 sm90mla
+step mlabench mlabench.log bash -c "'$RUNNER' bench mla && KVFLASH_SM90_MLA=0 '$RUNNER' bench mla"
 step sm90bench sm90bench.log "$RUNNER" sm90bench
 step graph graph.log "$RUNNER" graph
 step combine combine.log "$RUNNER" combine
@@ -70,7 +81,8 @@ sanitize() {  # sanitize TOOL CASES FIRST_SEED
   $t "$RUNNER" random "$2" "$3" && $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 100 ))" split &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 200 ))" prefill &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 300 ))" sm90 &&
-    $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 400 ))" mla && $t "$RUNNER" sm90bench small && $t "$RUNNER" graph
+    $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 400 ))" mla &&
+    $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 500 ))" sm90mla && $t "$RUNNER" sm90bench small && $t "$RUNNER" graph
 }
 step memcheck memcheck.log sanitize memcheck "$MEMCHECK_CASES" 5001
 step racecheck racecheck.log sanitize racecheck "$RACECHECK_CASES" 7001
@@ -103,10 +115,13 @@ step floors floors.log floors
 echo
 echo "=== summary ($(head -1 "$OUT/resources.txt")) ==="
 printf '%-10s %s\n' step result
-for s in build random sm90 sm80prefill mla sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
+for s in build random sm90 sm80prefill mla sm90mla mlabench sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
 grep -h "^random:" "$OUT/random.log" || true
 grep -h "^random sm90" "$OUT/sm90.log" || true
 grep -h "^random prefill" "$OUT/sm80prefill.log" || true
+grep -h "^random mla" "$OUT/mla.log" || true
+grep -h "^random sm90mla" "$OUT/sm90mla.log" || true
+grep -hE "^mla |plan:" "$OUT/mlabench.log" || true
 grep -h "^sm90bench\|^b[0-9]" "$OUT/sm90bench.log" || true
 grep -h "^random " "$OUT/memcheck.log" "$OUT/racecheck.log" "$OUT/initcheck.log" "$OUT/synccheck.log" || true
 grep -h "^badinput:" "$OUT/badinput.log" "$OUT/memcheck_badinput.log" || true
@@ -116,7 +131,7 @@ grep -h "^graph " "$OUT/graph.log" || true
 grep -h "^combine" "$OUT/combine.log" | tail -3 || true
 grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" "$OUT/initcheck.log" \
   "$OUT/synccheck.log" "$OUT/memcheck_badinput.log" || true
-grep -hE "Function|REG" "$OUT/resources.txt" | head -8 || true
-grep -h "HMMA\|LDGSTS" "$OUT/resources.txt" || true
+grep -hE "Function|REG" "$OUT/resources.txt" | head -12 || true
+grep -h "HMMA\|HGMMA\|LDGSTS" "$OUT/resources.txt" || true
 tail -n 6 "$OUT/bench.log"
 grep -hE "^(decode|prefill) " "$OUT/floors.log" || tail -n 12 "$OUT/floors.log"

@@ -60,6 +60,7 @@ struct SplitRule {
   int group = 1;                   // packed query heads per KV head (1 when not packed)
   int heads = 1;                   // heads the scheduler iterates (h_k with PackGQA)
   int num_sms = 1;                 // usable SMs
+  int ctas_per_sm = 3;             // the family's CTA slots per SM (core::family_ctas_per_sm)
   bool batch_invariant = false;    // core::batch_invariant_splits: each sequence alone
 };
 

@@ -25,8 +25,8 @@ __device__ __forceinline__ SplitTiles split_tiles(const SplitRule& r, int seqlen
 __device__ __forceinline__ int splits_alone(const SplitRule& r, int seqlen_q, int seqlen_k, int max_splits) {
   const SplitTiles t = split_tiles(r, seqlen_q, seqlen_k);
   if (r.batch_invariant) return core::batch_invariant_splits(t.m_blocks, t.n_blocks, max_splits);
-  return core::portable_splits_alone(t.m_blocks, t.n_blocks, r.heads, core::portable_slots(r.num_sms),
-                                     max_splits);
+  return core::portable_splits_alone(t.m_blocks, t.n_blocks, r.heads, core::portable_slots(r.num_sms, r.ctas_per_sm),
+                                     max_splits, r.ctas_per_sm);
 }
 
 }  // namespace kvflash::cuda

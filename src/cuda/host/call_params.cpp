@@ -168,6 +168,7 @@ void partial_layout(const core::Problem& p, const Plan& plan, const Outputs& out
   at.rule.group = plan.pack_gqa ? p.group : 1;
   at.rule.heads = core::scheduled_heads(plan);
   at.rule.num_sms = core::usable_sms(plan.key);
+  at.rule.ctas_per_sm = core::family_ctas_per_sm(plan.kernel.family);
   at.rule.batch_invariant = plan.key.batch_invariant;
 }
 
@@ -212,7 +213,8 @@ WorkspaceLayout workspace_layout(const core::Problem& p, const Plan& plan) {
     at += align_up(size_t(p.batch) * 4);
     w.work_columns = int(core::portable_split_columns(p.batch, plan.num_splits,
                                                       core::scheduled_heads(plan),
-                                                      core::usable_sms(plan.key)));
+                                                      core::usable_sms(plan.key),
+                                                      core::family_ctas_per_sm(plan.kernel.family)));
     w.work = at;
     at += align_up(size_t(w.work_columns) * sizeof(SplitWork));
   }

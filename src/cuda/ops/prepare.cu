@@ -68,11 +68,14 @@ __global__ void __launch_bounds__(kMaxThreads) prepare_kernel(const PrepareParam
   }
   const int64_t heads_tiles = int64_t(p.rule.heads) * tiles.m_blocks;
   const int64_t total = block_sum(heads_tiles * tiles.n_blocks, sums);
-  const int64_t best_blocks =
-      core::portable_choose_blocks(total, core::portable_slots(p.rule.num_sms), [&](int64_t blocks) {
+  const int64_t slots = core::portable_slots(p.rule.num_sms, p.rule.ctas_per_sm);
+  const int64_t best_blocks = core::portable_choose_blocks(
+      total, slots,
+      [&](int64_t blocks) {
         const int splits = core::portable_splits(tiles.m_blocks, tiles.n_blocks, blocks, p.num_splits);
         return block_sum(b < batch ? heads_tiles * splits : 0, sums);
-      });
+      },
+      p.rule.ctas_per_sm);
   const int splits =
       b < batch ? core::portable_splits(tiles.m_blocks, tiles.n_blocks, best_blocks, p.num_splits) : 0;
   int used = 0;

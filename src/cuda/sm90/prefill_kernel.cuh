@@ -36,15 +36,11 @@
 #include "cuda/common/cta_work.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/params.h"
+#include "cuda/sm90/wgmma.cuh"
 
 namespace kvflash::cuda::sm90 {
 
 using namespace cute;
-
-// The CuTe element type of a CUDA one.
-template <class Elem> struct CuteElem;
-template <> struct CuteElem<__nv_bfloat16> { using type = cutlass::bfloat16_t; };
-template <> struct CuteElem<__half> { using type = cutlass::half_t; };
 
 template <class Elem_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kConsumerWGs_, bool kOverlap_,
           bool kPingPong_ = false, int kPageKeys_ = 0>
@@ -135,42 +131,6 @@ struct PrefillParams {
   typename T::TmaQ tma_q;
   typename T::TmaKV tma_k, tma_v;
 };
-
-// The accumulator's per-thread values ((2, 2, V), M, N) as (rows, columns): rows (2, M),
-// columns (2, V, N). (wgmma C fragment: value (c, r, v) is row r * 8 + lane / 4 of the warp's
-// 16, column v * 8 + 2 (lane % 4) + c.)
-template <class Layout>
-__device__ __forceinline__ constexpr auto rows_cols(Layout l) {
-  return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l)));
-}
-
-// The same values as the A fragment of a 16-bit RS wgmma ((2, 2, 2), M, K / 16): pairs of 8-column
-// groups form one k16 slice.
-template <class Layout>
-__device__ __forceinline__ constexpr auto acc_as_a(Layout l) {
-  auto v = logical_divide(get<0, 2>(l), Tile<_2>{});  // ((2, V / 2))
-  return make_layout(make_layout(get<0, 0>(l), get<0, 1>(l), get<0, 0>(v)), get<1>(l),
-                     coalesce(make_layout(get<0, 1>(v), get<2>(l))));
-}
-
-// C (+)= A B over the K slices of one tile, as one wgmma batch; waits until at most kPending
-// batches of this warp group are in flight (-1: no wait). kRegsA: A is in registers (RS).
-template <bool kZeroInit, int kPending, bool kRegsA = false, class Mma, class TA, class TB, class TC>
-__device__ __forceinline__ void warpgroup_gemm(Mma& mma, TA const& a, TB const& b, TC& c) {
-  if constexpr (kRegsA) warpgroup_fence_operand(const_cast<TA&>(a));
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
-  CUTLASS_PRAGMA_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
-    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  if constexpr (kPending >= 0) warpgroup_wait<kPending>();
-  warpgroup_fence_operand(c);
-  if constexpr (kRegsA) warpgroup_fence_operand(const_cast<TA&>(a));
-}
 
 // Where the keys from key0 on (a block or one page of it) of this CTA's sequence start in the K / V
 // tensors: (row, unit). Dense: the cache row, keys from leftpad on; paged (no leftpad): the page
@@ -284,91 +244,17 @@ __device__ __forceinline__ void consume(const PrefillParams<T>& params, typename
   Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename T::TilePV{}));
   clear(tOrO);
 
-  // This thread's rows: their tile index and visible keys [lo, hi) within the CTA's range.
+  // This thread's rows: their tile index, visible keys and softmax state.
   Tensor cS = make_identity_tensor(select<0, 1>(typename T::TileQK{}));
   Tensor tScS = thr_qk.partition_C(cS);
   Tensor rc = make_tensor(tScS.data(), rows_cols(tScS.layout()));
   constexpr int kRows = decltype(size<0>(rc))::value;
-  constexpr int kCols = decltype(size<1>(rc))::value;
   const SeqLens& seq = start.col.seq;
-  const int n_lo = start.keys.lo, n_hi = start.keys.hi;
-  int key_lo[kRows], key_hi[kRows];
-  CUTLASS_PRAGMA_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    const int idx = row0 + get<0>(rc(r, 0));
-    const core::KeyRange vis = row_keys(p, seq, idx);
-    key_lo[r] = max(vis.lo, n_lo);
-    key_hi[r] = idx < start.packed_rows ? min(vis.hi, n_hi) : key_lo[r];
-  }
-  // Keys every real row of the CTA sees (the visible ranges are monotone in the row): blocks
-  // inside need no mask.
-  const int last_row = min(row0 + T::kBlockM, start.packed_rows) - 1;
-  const int full_lo = max(row_keys(p, seq, last_row).lo, n_lo);
-  const int full_hi = min(row_keys(p, seq, row0).hi, n_hi);
-
+  RowSoftmax<kRows> sm(p, start, row0, T::kBlockM, rc);
   const ScoreScale scale(p);
-  const float exp_scale = scale.exp_scale;
-  float row_max[kRows], row_sum[kRows];
-  CUTLASS_PRAGMA_UNROLL
-  for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
-
-  // Masks and exponentiates block n's scores in place; returns each row's rescale of the state.
-  auto softmax = [&](auto& tSrS, int n, auto& alpha) {
-    Tensor s = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
-    const int n0 = n * T::kBlockN;
-    if (!scale.fold) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(s); ++i) s(i) = scale.map(s(i));
-    }
-    if (n0 < full_lo || n0 + T::kBlockN > full_hi) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-          const int j = n0 + get<1>(rc(r, c));
-          if (j < key_lo[r] || j >= key_hi[r]) s(r, c) = -INFINITY;
-        }
-      }
-    }
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      float m = s(r, 0);
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 1; c < kCols; ++c) m = fmaxf(m, s(r, c));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      const float new_max = fmaxf(row_max[r], m * exp_scale);
-      const float base = new_max == -INFINITY ? 0.0f : new_max;  // all masked: exp2(-inf) = 0
-      alpha[r] = fast_exp2(row_max[r] - base);
-      row_max[r] = new_max;
-      float sum = 0.0f;
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        s(r, c) = fast_exp2(fmaf(s(r, c), exp_scale, -base));
-        sum += s(r, c);
-      }
-      row_sum[r] = row_sum[r] * alpha[r] + sum;
-    }
-  };
-  auto rescale_o = [&](const auto& alpha) {
-    Tensor o = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= alpha[r];
-    }
-  };
-  // P in the PV GEMM's A layout. Register fragments are compact (value i at offset i), and the A
-  // layout regroups the same offsets, so value i converts into element i.
-  auto to_p = [&](auto const& tSrS) {
-    Tensor rP = make_tensor<E>(acc_as_a(tSrS.layout()));
-    E* out = raw_pointer_cast(rP.data());
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(tSrS); i += 2) {
-      *reinterpret_cast<uint32_t*>(out + i) = pack2<typename T::Elem>(tSrS(i), tSrS(i + 1));
-    }
-    return rP;
-  };
+  auto softmax = [&](auto& tSrS, int n, auto& alpha) { sm.template step<T::kBlockN>(tSrS, rc, n * T::kBlockN, scale, alpha); };
+  auto rescale_o = [&](const auto& alpha) { rescale_rows(tOrO, alpha); };
+  auto to_p = [](auto const& tSrS) { return scores_as_a<typename T::Elem, E>(tSrS); };
   // Rows of V past the sequence's keys (any content, NaN too) become zeros before P V reads them.
   const int seqlen_k = seq.seqlen_k;
   auto zero_tail_of_v = [&](int n, int stage) {
@@ -453,25 +339,13 @@ __device__ __forceinline__ void consume(const PrefillParams<T>& params, typename
   // the normalised fp32 O tile over the Q / K / V tiles, then the consumers store it coalesced.
   cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);  // every group is done with the tiles
   float* sO = reinterpret_cast<float*>(ss.q.data());
-  Tensor o = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));
-  Tensor cO = make_identity_tensor(select<0, 1>(typename T::TilePV{}));
-  Tensor tOcO = thr_pv.partition_C(cO);
-  Tensor orc = make_tensor(tOcO.data(), rows_cols(tOcO.layout()));
-  CUTLASS_PRAGMA_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    float l = row_sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    float m = row_max[r];
-    float keys_scale = 1.0f;
-    const int tile_row = get<0>(orc(r, 0));
-    if (start.add_sink) keys_scale = fold_sink(sink_log2(p, head, min(row0 + tile_row, start.packed_rows - 1)), m, l);
-    const bool nonempty = l > 0.0f && m != -INFINITY;
-    const float factor = nonempty ? keys_scale / l : 0.0f;
-    if (thread % 4 == 0) ss.lse[tile_row] = nonempty ? (m + log2f(l)) * kLn2 : -INFINITY;
-    CUTLASS_PRAGMA_UNROLL
-    for (int c = 0; c < size<1>(o); ++c) sO[tile_row * T::kOStride + get<1>(orc(r, c))] = o(r, c) * factor;
-  }
+  Tensor tOcO = thr_pv.partition_C(make_identity_tensor(select<0, 1>(typename T::TilePV{})));
+  write_scaled_rows<T::kOStride>(tOrO, tOcO, sO, [&](int r, int tile_row) {
+    float lse;
+    const float factor = sm.finish(p, start, head, row0 + tile_row, r, lse);
+    if (thread % 4 == 0) ss.lse[tile_row] = lse;
+    return factor;
+  });
   cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
   store_rows<typename T::Elem>(
       p, start.dst_rows, head, row0, T::kBlockM,
