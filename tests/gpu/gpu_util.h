@@ -79,11 +79,12 @@ inline KvCacheArgs device_args(const KvCacheArgs& host, DeviceMirror& mirror) {
 }
 
 // What this build of the CUDA backend takes (the rest answers Error(unsupported)): fp16 / bf16
-// (q, or qv without q, and both caches), every head dim the contract allows (d_v 512 prefill
+// (q, or qv without q, and both caches), fp8 e4m3 (FA3's all-fp8 call, and a 16-bit query over an
+// fp8 cache) but not qv over an fp8 cache, every head dim the contract allows (d_v 512 prefill
 // needs a GPU with 151 KB of shared memory per CTA: cuda/host/call_params.cpp), qv, only_qv.
 inline bool cuda_supports(const KvCacheArgs& a) {
-  const DType dtype = a.v_cache->dtype;
-  return dtype == DType::bf16 || dtype == DType::f16;
+  const DType cache = a.v_cache->dtype;
+  return cache == DType::bf16 || cache == DType::f16 || (cache == DType::e4m3 && !a.qv);
 }
 
 }  // namespace kvflash::gpu_test

@@ -1,0 +1,95 @@
+// fp8 e4m3 on the portable kernels (contract 5.8): the cache element types an instantiation reads,
+// the on-the-fly conversion of cache chunks into the query's 16-bit type, the descales, and the
+// saturating quantisation of new rows.
+//
+// e4m3 values are exact in fp16 and bf16, so a K / V chunk converted on its way into shared memory
+// feeds the same mma as a 16-bit cache; the descales are fp32 factors folded into the score scale
+// (k_descale, and q_descale for an fp8 query) and the output scale (v_descale), never into the
+// elements.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/common/mma.cuh"
+#include "cuda/common/params.h"
+
+namespace kvflash::cuda {
+
+using e4m3 = __nv_fp8_e4m3;
+
+// An instantiation's row type: a 16-bit type names both the query's and the cache's element;
+// E4m3Cache<Q> a query of type Q over an fp8 e4m3 cache (an fp8 query is converted to bf16 before
+// the attention kernel: it runs E4m3Cache<bf16>).
+template <class Query>
+struct E4m3Cache {};
+
+template <class Row>
+struct RowTypes {
+  using Query = Row;
+  using Cache = Row;
+};
+template <class Q>
+struct RowTypes<E4m3Cache<Q>> {
+  using Query = Q;
+  using Cache = e4m3;
+};
+
+// The descale of batch element b, KV head hk (1 when absent).
+__device__ __forceinline__ float descale_at(const DescaleView& d, int b, int hk) {
+  return d.data ? d.data[b * d.batch_stride + hk * d.head_stride] : 1.0f;
+}
+
+// Eight e4m3 values (8 bytes) as eight Elem (16 bytes), exactly.
+template <class Elem>
+__device__ __forceinline__ uint4 e4m3x8_to(uint2 raw) {
+  uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t word = i < 2 ? raw.x : raw.y;
+    const auto pair = static_cast<__nv_fp8x2_storage_t>(word >> (16 * (i % 2)));
+    const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3));
+    if constexpr (std::is_same_v<Elem, __half>) {
+      out[i] = *reinterpret_cast<const uint32_t*>(&h);
+    } else {
+      const float2 f = __half22float2(h);
+      out[i] = pack2<Elem>(f.x, f.y);
+    }
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// One chunk of 8 elements, global -> shared as Elem (valid false: zeros, reading nothing from src,
+// which must still be a valid address). A 16-bit cache's chunk is a 16-byte cp.async; an fp8
+// chunk is an 8-byte load converted on the way (a plain store: the kernels' barriers that follow
+// the cp.async waits also order it).
+template <class Elem, class Src>
+__device__ __forceinline__ void load_chunk(Elem* dst, const Src* src, bool valid) {
+  if constexpr (std::is_same_v<Src, Elem>) {
+    cp_async_16(smem_addr(dst), src, valid);
+  } else {
+    static_assert(std::is_same_v<Src, e4m3>, "a 16-bit element or an fp8 cache");
+    const uint2 raw = valid ? *reinterpret_cast<const uint2*>(src) : make_uint2(0u, 0u);
+    *reinterpret_cast<uint4*>(dst) = e4m3x8_to<Elem>(raw);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ float element_to_float(T x) {
+  if constexpr (std::is_same_v<T, e4m3>) return float(x);
+  else return to_float(x);
+}
+
+// fp32 -> T, to nearest even; into e4m3 saturating at +-448 (infinities included), NaN kept: the
+// quantisation rule of contract 5.8 (cvt.rn.satfinite, or its emulation before sm_89).
+template <class T>
+__device__ __forceinline__ T element_from_float(float x) {
+  if constexpr (std::is_same_v<T, e4m3>) return e4m3(x);
+  else return from_float<T>(x);
+}
+
+}  // namespace kvflash::cuda
