@@ -185,7 +185,7 @@ __device__ __forceinline__ bool start_cta(const AttentionParams& p, int row0, in
 // Softmax scores reach log2 units through exp_scale, folded into the exponent's FFMA (one
 // instruction per score). Softcap, and a scale <= 0 (where max(s) * scale is not max(s * scale)),
 // map the scores into log2 units first (map()) and use exp_scale 1. qk_descale: the fp8 descales
-// of the q.k product (fp8_qk_descale), a factor of softmax_scale.
+// of the q.k product (Fp8Descales::qk), a factor of softmax_scale.
 struct ScoreScale {
   bool fold;
   float score_scale, softcap_log2, exp_scale;
@@ -203,8 +203,8 @@ struct ScoreScale {
   }
 };
 
-// The descales of a CTA over an fp8 cache (contract 5.8): its batch element's and KV head's, for the
-// q.k scores (an fp8 q's times the K cache's) and the output (the V cache's).
+// The descales of a CTA over an fp8 cache (contract 5.8): its batch element's and KV head's, for
+// the q.k scores (an fp8 q's times the K cache's) and the output (the V cache's).
 struct Fp8Descales {
   float qk = 1.0f, v = 1.0f;
   __device__ Fp8Descales(const AttentionParams& p, int b, int hk)

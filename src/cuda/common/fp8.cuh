@@ -44,6 +44,25 @@ __device__ __forceinline__ float descale_at(const DescaleView& d, int b, int hk)
   return d.data ? d.data[b * d.batch_stride + hk * d.head_stride] : 1.0f;
 }
 
+// Two e4m3 values (the low 16 bits of `pair`, first value lowest) as fp16, exactly. From sm_89
+// one cvt; before, CUDA's emulation loops over subnormals, so bits instead: e4m3's 7 magnitude
+// bits shifted into fp16's exponent and mantissa fields are the value times 2^-8 (subnormals
+// included, fp16 keeping its subnormals), times 256 exactly in fp16; e4m3's NaN (magnitude 0x7f)
+// becomes fp16's NaN.
+__device__ __forceinline__ __half2 e4m3x2_to_half2(uint32_t pair) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  return __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
+#else
+  const uint32_t spread = (pair & 0xffu) | ((pair & 0xff00u) << 8);  // one byte per 16-bit lane
+  const uint32_t magnitude = spread & 0x007f007fu;
+  const uint32_t bits = ((spread & 0x00800080u) << 8) | (magnitude << 7);
+  const __half2 scaled = __hmul2(*reinterpret_cast<const __half2*>(&bits), __float2half2_rn(256.0f));
+  const uint32_t nan_lanes = __vcmpeq2(magnitude, 0x007f007fu);  // 0xffff: an fp16 NaN
+  const uint32_t out = *reinterpret_cast<const uint32_t*>(&scaled) | nan_lanes;
+  return *reinterpret_cast<const __half2*>(&out);
+#endif
+}
+
 // Eight e4m3 values (8 bytes) as eight Elem (16 bytes), exactly.
 template <class Elem>
 __device__ __forceinline__ uint4 e4m3x8_to(uint2 raw) {
@@ -51,8 +70,7 @@ __device__ __forceinline__ uint4 e4m3x8_to(uint2 raw) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint32_t word = i < 2 ? raw.x : raw.y;
-    const auto pair = static_cast<__nv_fp8x2_storage_t>(word >> (16 * (i % 2)));
-    const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3));
+    const __half2 h = e4m3x2_to_half2(word >> (16 * (i % 2)));
     if constexpr (std::is_same_v<Elem, __half>) {
       out[i] = *reinterpret_cast<const uint32_t*>(&h);
     } else {

@@ -353,18 +353,14 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
     if (i < my_steps) copy_step(i);
     cp_async_commit();
   }
-  // An fp8 cache's loads are synchronous (converted on their way, fp8.cuh): with two stages they
-  // follow step i's math, whose registers are free by then, and still precede step ahead's.
-  constexpr bool kCopyAfterMath = T::kFp8Cache && T::kStages == 2;
   for (int i = 0; i < my_steps; ++i) {
     const int ahead = i + T::kStages - 1;
-    if (!kCopyAfterMath && ahead < my_steps) copy_step(ahead % T::kStages);
+    if (ahead < my_steps) copy_step(ahead % T::kStages);
     cp_async_commit();
     const RowOffsets after = locate(ahead + 1);
     cp_async_wait<T::kStages - 1>();
     __syncwarp();  // step i landed for every lane
     compute_step(i % T::kStages, step_key0(i));
-    if (kCopyAfterMath && ahead < my_steps) copy_step(ahead % T::kStages);
     publish((ahead + 1) % T::kStages, after);
     __syncwarp();  // every lane is done with the buffer the next round refills; offsets are in
   }
