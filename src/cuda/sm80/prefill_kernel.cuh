@@ -421,14 +421,20 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
       // One barrier per block: this block (and Q) landed for every warp, and every warp is done
       // with the previous block, whose tile stage is refilled next.
       __syncthreads();
-      if (n0 + T::kBlockN < n_hi) {  // the next block loads while this one is used
-        load_k(stage ^ 1, stage ^ 1);
-        load_v(stage ^ 1, stage ^ 1);
-      }
+      const auto load_next = [&] {  // the next block loads while this one is used
+        if (n0 + T::kBlockN < n_hi) {
+          load_k(stage ^ 1, stage ^ 1);
+          load_v(stage ^ 1, stage ^ 1);
+        }
+      };
+      // An fp8 cache's loads are synchronous (converted on their way, fp8.cuh): after this block's
+      // math, whose score registers are free by then (before it, d 128 spills on sm_90a).
+      if constexpr (!T::kFp8Cache) load_next();
       cp_async_commit();
       scores(stage);
       online_softmax(n0);
       accumulate(stage);
+      if constexpr (T::kFp8Cache) load_next();
       // This slot's block was loaded before the barrier; the next barrier orders this write
       // before the loads that read it.
       fill_row_sources(n0 + 2 * T::kBlockN, stage);
