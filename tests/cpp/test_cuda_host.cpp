@@ -509,6 +509,39 @@ TEST(KernelFamily, Fp8PrefillStaysOnSm80) {
   EXPECT_EQ(core::static_plan(fp8).kernel.family, KernelFamily::sm80);
 }
 
+// The GPU runner's fp8 step (tests/gpu/run.sh: `random 300 30001 fp8`) keeps the draws over an
+// fp8 cache the CUDA backend takes: its 300 cases reach both fp8 forms, every feature of the
+// contract on them, and the prefill kernel (more than 16 packed query rows), also at head dims
+// above 128 (its one-stage loop).
+TEST(KernelFamily, GpuRunnerFp8StepCoversTheContract) {
+  std::set<std::string> tags;
+  int kept = 0, prefill = 0, wide_prefill = 0;
+  for (uint64_t seed = 30001; kept < 300; ++seed) {
+    const std::vector<std::string> f = oracle::random_case_features(seed);
+    const auto has = [&](const char* tag) { return std::find(f.begin(), f.end(), tag) != f.end(); };
+    const bool fp8_cache = has("dtype=e4m3") || has("fp8_kv_cache_q_bf16") || has("fp8_kv_cache_q_f16");
+    if (!fp8_cache || has("qv")) continue;
+    ++kept;
+    tags.insert(f.begin(), f.end());
+    const oracle::Case c = oracle::make_random_case(seed);
+    const core::Problem p = core::resolve(c.args);
+    if (int64_t{p.seqlen_q} * p.group > 16) {
+      ++prefill;
+      wide_prefill += std::max(p.headdim, p.headdim_v) > 128;
+    }
+  }
+  for (const char* tag :
+       {"dtype=e4m3", "fp8_kv_cache_q_bf16", "fp8_kv_cache_q_f16", "fp8_descales", "fp8_kv_descales",
+        "fp8_rotary", "fp8_kv_rotary", "fp8_kv_append", "fp8_kv_saturating", "paged", "varlen_q",
+        "cache_leftpad", "cache_batch_idx", "append_dense", "append_packed", "causal", "window",
+        "attention_chunk", "softcap", "sinks_f32", "sinks_bf16", "heads=32/8", "heads=63/7",
+        "num_splits=many", "pack_gqa_forced"}) {
+    EXPECT_TRUE(tags.count(tag)) << tag;
+  }
+  EXPECT_GE(prefill, 80);  // 116 of 300
+  EXPECT_GE(wide_prefill, 30);  // 64
+}
+
 // What the CUDA backend still refuses of fp8: qv over an fp8 cache (the qv.v term would take the
 // V descale apart from q.k's K descale within one score), by name, before anything is launched;
 // every other fp8 call of the random case space is taken.
