@@ -261,12 +261,18 @@ TEST(KernelFamily, Sm90PageSizes) {
   }
 }
 
-// The planner sends paged prefill calls of the engines' page sizes (vLLM 16, SGLang with FA3 64)
-// to sm90 on an H200, and SGLang's default (page 1) to sm80.
-TEST(KernelFamily, Sm90PlansPagedPrefill) {
+// A prefill call's key before canonical_key: 4096 query rows and keys, 16 heads, d 128, bf16.
+PlanKey prefill_key() {
   PlanKey raw;
   raw.batch = 1, raw.max_seqlen_q = 4096, raw.max_seqlen_k = 4096;
   raw.num_heads = raw.num_heads_k = 16, raw.headdim = raw.headdim_v = 128, raw.dtype = DType::bf16;
+  return raw;
+}
+
+// The planner sends paged prefill calls of the engines' page sizes (vLLM 16, SGLang with FA3 64)
+// to sm90 on an H200, and SGLang's default (page 1) to sm80.
+TEST(KernelFamily, Sm90PlansPagedPrefill) {
+  const PlanKey raw = prefill_key();
   const auto family = [&](int page) {
     PlanKey key = raw;
     key.page_size = page;
@@ -283,9 +289,7 @@ TEST(KernelFamily, Sm90PlansPagedPrefill) {
 // A planned call: one split from FA3's rule at the sm90 tile, a requested split count above one
 // sends it to sm80.
 TEST(KernelFamily, Sm90NeedsOneSplit) {
-  PlanKey raw;
-  raw.batch = 1, raw.max_seqlen_q = 4096, raw.max_seqlen_k = 4096;
-  raw.num_heads = raw.num_heads_k = 16, raw.headdim = raw.headdim_v = 128, raw.dtype = DType::bf16;
+  const PlanKey raw = prefill_key();
   const PlanKey key = core::canonical_key(raw, core::DeviceInfo{132, 90});
   EXPECT_EQ(core::static_plan(key).kernel.family, KernelFamily::sm90);
   EXPECT_EQ(core::static_plan(key).num_splits, 1);
@@ -499,9 +503,7 @@ TEST(CudaParams, Fp8CallsRunOnThePortableKernels) {
 
 // A prefill-shaped fp8 call an H200 would give the sm90 family in 16 bits stays on sm80.
 TEST(KernelFamily, Fp8PrefillStaysOnSm80) {
-  PlanKey raw;
-  raw.batch = 1, raw.max_seqlen_q = 4096, raw.max_seqlen_k = 4096;
-  raw.num_heads = raw.num_heads_k = 16, raw.headdim = raw.headdim_v = 128, raw.dtype = DType::bf16;
+  const PlanKey raw = prefill_key();
   const PlanKey key = core::canonical_key(raw, core::DeviceInfo{132, 90});
   ASSERT_EQ(core::static_plan(key).kernel.family, KernelFamily::sm90);
   PlanKey fp8 = key;

@@ -1,6 +1,6 @@
 // fp8 e4m3 on the portable kernels (contract 5.8): the cache element types an instantiation reads,
-// the on-the-fly conversion of cache chunks into the query's 16-bit type, the descales, and the
-// saturating quantisation of new rows.
+// the on-the-fly conversion of cache chunks into the query's 16-bit type and the descales (the
+// saturating quantisation of new rows is mma.cuh's from_float<e4m3>).
 //
 // e4m3 values are exact in fp16 and bf16, so a K / V chunk converted on its way into shared memory
 // feeds the same mma as a 16-bit cache; the descales are fp32 factors folded into the score scale
@@ -94,20 +94,6 @@ __device__ __forceinline__ void load_chunk(Elem* dst, const Src* src, bool valid
     const uint2 raw = valid ? *reinterpret_cast<const uint2*>(src) : make_uint2(0u, 0u);
     *reinterpret_cast<uint4*>(dst) = e4m3x8_to<Elem>(raw);
   }
-}
-
-template <class T>
-__device__ __forceinline__ float element_to_float(T x) {
-  if constexpr (std::is_same_v<T, e4m3>) return float(x);
-  else return to_float(x);
-}
-
-// fp32 -> T, to nearest even; into e4m3 saturating at +-448 (infinities included), NaN kept: the
-// quantisation rule of contract 5.8 (cvt.rn.satfinite, or its emulation before sm_89).
-template <class T>
-__device__ __forceinline__ T element_from_float(float x) {
-  if constexpr (std::is_same_v<T, e4m3>) return e4m3(x);
-  else return from_float<T>(x);
 }
 
 }  // namespace kvflash::cuda

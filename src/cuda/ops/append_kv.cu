@@ -20,16 +20,16 @@ namespace {
 // row's type. The caller rounds once.
 template <class T>
 __device__ __forceinline__ float rotate_channel(const T* row, int c, int pos, const RotaryParams& r) {
-  const float x = element_to_float(row[c]);
+  const float x = to_float(row[c]);
   if (c >= r.dim || pos < 0 || pos >= r.rows) return x;
   const int half = r.dim / 2;
   const bool first = r.interleaved ? (c % 2 == 0) : (c < half);
   const int pair = r.interleaved ? c / 2 : (first ? c : c - half);
   const int partner = r.interleaved ? (c ^ 1) : (first ? c + half : c - half);
   const int64_t at = int64_t(pos) * r.row_stride + int64_t(pair) * r.col_stride;
-  const float cs = element_to_float(static_cast<const T*>(r.cos)[at]);
-  const float sn = element_to_float(static_cast<const T*>(r.sin)[at]);
-  const float y = element_to_float(row[partner]);
+  const float cs = to_float(static_cast<const T*>(r.cos)[at]);
+  const float sn = to_float(static_cast<const T*>(r.sin)[at]);
+  const float y = to_float(row[partner]);
   return first ? x * cs - y * sn : y * sn + x * cs;
 }
 
@@ -44,9 +44,9 @@ __device__ __forceinline__ bool rotated(int c, int pos, const RotaryParams& r) {
 template <class Src, class Cache>
 __device__ __forceinline__ Cache new_element(const Src* row, int c, int pos, const RotaryParams& r, float descale) {
   if constexpr (std::is_same_v<Src, Cache>) {
-    return rotated(c, pos, r) ? element_from_float<Cache>(rotate_channel(row, c, pos, r)) : row[c];
+    return rotated(c, pos, r) ? from_float<Cache>(rotate_channel(row, c, pos, r)) : row[c];
   } else {
-    return element_from_float<Cache>(rotate_channel(row, c, pos, r) / descale);
+    return from_float<Cache>(rotate_channel(row, c, pos, r) / descale);
   }
 }
 
@@ -99,7 +99,7 @@ __global__ void rotate_q_kernel(const RotateQParams p) {
                  token * p.q_rot.token_stride + h * p.q_rot.head_stride;
       const Src x = new_element<Src, Src>(row, c, pos, rot, 1.0f);
       if constexpr (std::is_same_v<Src, Dst>) dst[c] = x;
-      else dst[c] = from_float<Dst>(element_to_float(x));
+      else dst[c] = from_float<Dst>(to_float(x));
     }
   }
 }
