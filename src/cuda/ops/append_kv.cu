@@ -15,13 +15,18 @@
 namespace kvflash::cuda {
 namespace {
 
+// Whether channel c at `pos` is rotated (else it keeps its bits in a cache of its own type).
+__device__ __forceinline__ bool rotated(int c, int pos, const RotaryParams& r) {
+  return c < r.dim && pos >= 0 && pos < r.rows;
+}
+
 // Channel c of a row at rotary position `pos` (contract 5.2), in fp32: pairs (2p, 2p+1) when
 // interleaved, (p, p + dim/2) otherwise; channels >= dim pass through. The tables are of the
 // row's type. The caller rounds once.
 template <class T>
 __device__ __forceinline__ float rotate_channel(const T* row, int c, int pos, const RotaryParams& r) {
   const float x = to_float(row[c]);
-  if (c >= r.dim || pos < 0 || pos >= r.rows) return x;
+  if (!rotated(c, pos, r)) return x;
   const int half = r.dim / 2;
   const bool first = r.interleaved ? (c % 2 == 0) : (c < half);
   const int pair = r.interleaved ? c / 2 : (first ? c : c - half);
@@ -31,11 +36,6 @@ __device__ __forceinline__ float rotate_channel(const T* row, int c, int pos, co
   const float sn = to_float(static_cast<const T*>(r.sin)[at]);
   const float y = to_float(row[partner]);
   return first ? x * cs - y * sn : y * sn + x * cs;
-}
-
-// Whether channel c at `pos` is rotated (else it keeps its bits in a cache of its own type).
-__device__ __forceinline__ bool rotated(int c, int pos, const RotaryParams& r) {
-  return c < r.dim && pos >= 0 && pos < r.rows;
 }
 
 // Channel c of a new row into a cache of type Cache. Same type: the bits, or the rotated value
