@@ -120,6 +120,25 @@ TileInputs tile_inputs(const PlanKey& key, const MaskShape& mask, bool paged_non
   return in;
 }
 
+namespace {
+
+// The bound of batch-invariant mode: what the longest sequence the cache holds gets.
+int batch_invariant_num_splits(const PlanKey& key, TileSize tile) {
+  const int64_t n_blocks = ceil_div(key.max_seqlen_k, tile.block_n);
+  return static_cast<int>(std::clamp<int64_t>(
+      ceil_div(n_blocks, kBatchInvariantBlocksPerSplit), 1, kMaxHeuristicSplits));
+}
+
+// The split bound a plan of `family` at `tile` gets: asked for, batch-invariant, or heuristic.
+// The family choice asks it too, so a family that runs one split never gets a plan of more.
+int planned_num_splits(const PlanKey& key, KernelFamily family, const MaskShape& mask, TileSize tile) {
+  if (key.num_splits > 0) return key.num_splits;
+  if (key.batch_invariant) return batch_invariant_num_splits(key, tile);
+  return get_num_splits(key, family, mask, tile);
+}
+
+}  // namespace
+
 // KVFLASH_SM90=0 keeps the planner off the Hopper family (to compare with, or fall back to, the
 // portable kernels on sm_90).
 bool sm90_allowed() {
@@ -127,11 +146,11 @@ bool sm90_allowed() {
   return v == nullptr || std::string(v) != "0";
 }
 
-// KVFLASH_SM90_SMALL_PAGES=1 sends pages smaller than a key block to the sm90 family (opt-in until
-// validated on a GPU: tests/gpu/run.sh sets it).
+// Pages smaller than a key block go to the sm90 family unless KVFLASH_SM90_SMALL_PAGES=0 (validated
+// on the H200 in session 7; the switch keeps the portable path one variable away, like KVFLASH_SM90).
 bool sm90_small_pages_allowed() {
   const char* v = std::getenv("KVFLASH_SM90_SMALL_PAGES");
-  return v != nullptr && std::string(v) == "1";
+  return v == nullptr || std::string(v) != "0";
 }
 
 FamilyInputs family_inputs(const PlanKey& key) {
@@ -148,12 +167,12 @@ FamilyInputs family_inputs(const PlanKey& key) {
   in.sm90_enabled = key.arch == 90 && sm90_allowed();
   in.sm90_small_pages = key.arch == 90 && sm90_small_pages_allowed();
   in.has_qv = key.has_qv;
-  // The sm90 kernels run one split: a call that asks for more, or that FA3's rule would split
-  // at the sm90 tile, stays on the sm80 family.
+  // The sm90 kernels run one split: a call that asks for more, or that the plan would split at
+  // the sm90 tile (FA3's rule, or batch-invariant mode's), stays on the sm80 family.
   if (key.num_splits <= 1 && key.arch == 90) {
     const MaskShape mask = normalise_mask(key);
     const TileSize tile = family_tile(KernelFamily::sm90, tile_inputs(key, mask, false));
-    in.one_split = key.num_splits == 1 || get_num_splits(key, KernelFamily::sm90, mask, tile) == 1;
+    in.one_split = planned_num_splits(key, KernelFamily::sm90, mask, tile) == 1;
   }
   return in;
 }
@@ -180,6 +199,20 @@ namespace {
 // blocks and m_blocks query tiles alone in the batch splits the most, at most
 // min(ceil(n / min blocks per split), ceil(slots / tiles)) in one wave and
 // min(ceil(n / min multi-wave blocks), ceil(max waves x slots / tiles)) over several.
+// A padded batch (no cu_seqlens_q) fills batch x max_seqlen_q query rows; when the bound's fp32
+// partials over all of them would pass kPortablePartialBytes, the bound is cut to fit. Such a
+// batch has many query tiles of its own (the splits would only serve one sequence with a much
+// longer cache than the rest), while the partials, the prepare kernel and a combine over every row
+// cost each call: 32 prompts of 512 at d 128 planned 4 splits (512 MiB of partials) and ran 2.8x
+// slower than with one (H200, session 7, `kvflash bench` floors).
+constexpr int64_t kPortablePartialBytes = 64ll << 20;
+
+int64_t padded_partial_cap(const PlanKey& key) {
+  if (key.varlen_q) return kMaxHeuristicSplits;  // rows unknown until the call: no cap
+  const int64_t split_bytes = int64_t{key.batch} * key.max_seqlen_q * key.num_heads * key.headdim_v * 4;
+  return std::max<int64_t>(1, kPortablePartialBytes / std::max<int64_t>(1, split_bytes));
+}
+
 int portable_num_splits(const PlanKey& key, int64_t n_blocks, int64_t m_blocks) {
   if (key.batch > kMaxDynamicSplitBatch || n_blocks <= 4) return 1;
   const int64_t tiles = std::max<int64_t>(1, int64_t{key.num_heads_k} * m_blocks);
@@ -188,18 +221,8 @@ int portable_num_splits(const PlanKey& key, int64_t n_blocks, int64_t m_blocks) 
                                     ceil_div(slots, tiles));
   const int64_t waves = std::min(ceil_div(n_blocks, kPortableMinMultiWaveBlocks),
                                  ceil_div(kPortableMaxWaves * slots, tiles));
-  return static_cast<int>(std::clamp<int64_t>(std::max(one_wave, waves), 1, kMaxHeuristicSplits));
-}
-
-}  // namespace
-
-namespace {
-
-// The bound of batch-invariant mode: what the longest sequence the cache holds gets.
-int batch_invariant_num_splits(const PlanKey& key, TileSize tile) {
-  const int64_t n_blocks = ceil_div(key.max_seqlen_k, tile.block_n);
-  return static_cast<int>(std::clamp<int64_t>(
-      ceil_div(n_blocks, kBatchInvariantBlocksPerSplit), 1, kMaxHeuristicSplits));
+  const int64_t bound = std::min(std::max(one_wave, waves), padded_partial_cap(key));
+  return static_cast<int>(std::clamp<int64_t>(bound, 1, kMaxHeuristicSplits));
 }
 
 }  // namespace
@@ -216,8 +239,11 @@ int get_num_splits(const PlanKey& key, KernelFamily family, const MaskShape& mas
   if (splits_by_portable_rule(family)) return portable_num_splits(key, n_blocks, m_blocks);
   const int64_t size_one_kv_head = s_k * (key.headdim + key.headdim_v) * kv_elem_bytes(key);
   // With per-sequence (dynamic) splits this is only an upper bound, computed as if the batch
-  // were one long sequence among short ones.
-  const bool dynamic = key.batch <= kMaxDynamicSplitBatch;
+  // were one long sequence among short ones. Not for the sm90 family's padded batches: its
+  // kernels run one split, so the count only decides whether they take the call, and a batch
+  // without cu_seqlens_q has every sequence's query tiles (32 prompts of 512 at d 256 went to the
+  // portable kernels, 2.5x slower, for splits one sequence alone would want).
+  const bool dynamic = key.batch <= kMaxDynamicSplitBatch && (family != KernelFamily::sm90 || key.varlen_q);
   const int64_t total_mblocks = (dynamic ? 1 : key.batch) * int64_t{key.num_heads_k} * m_blocks;
   const auto clamp_int = [](int64_t v) {
     return static_cast<int>(std::min<int64_t>(v, INT32_MAX));
@@ -286,9 +312,7 @@ Plan static_plan(const PlanKey& key, KernelFamily family) {
   const TileSize tile = family_tile(family, tile_inputs(key, mask, paged_non_tma));
   plan.block_m = tile.block_m;
   plan.block_n = tile.block_n;
-  plan.num_splits = key.num_splits > 0       ? key.num_splits
-                    : key.batch_invariant ? batch_invariant_num_splits(key, tile)
-                                          : get_num_splits(key, family, mask, tile);
+  plan.num_splits = planned_num_splits(key, family, mask, tile);
   plan.pack_gqa = get_pack_gqa(key, family, tile, pagedkv_tma, plan.num_splits);
   // The tile-count word FA3's persistent scheduler (sm90) and its split combine use.
   plan.has_semaphore = family == KernelFamily::sm90 || plan.num_splits > 1;

@@ -28,9 +28,9 @@ struct FamilyInputs {
   bool one_split = false;   // at most one split asked for, and FA3's rule plans one (heuristics.cpp)
   // On unless KVFLASH_SM90=0 (read by family_inputs()).
   bool sm90_enabled = true;
-  // Pages smaller than a key block on the sm90 family: off unless KVFLASH_SM90_SMALL_PAGES=1
-  // (family_inputs()) until the GPU runner has validated those kernels (written without a GPU).
-  bool sm90_small_pages = false;
+  // Pages smaller than a key block on the sm90 family: on unless KVFLASH_SM90_SMALL_PAGES=0
+  // (family_inputs()).
+  bool sm90_small_pages = true;
   bool has_qv = false;      // qv given (MLA): the d_v 512 instantiation
 };
 
@@ -51,7 +51,7 @@ KVFLASH_HD constexpr bool sm90_page_fits(int page_size, int headdim) {
 }
 
 // The cache layouts the sm90 kernels read: dense, or without leftpad pages of whole key blocks,
-// or (opted in) any page size sm90_page_fits.
+// or (unless opted out) any page size sm90_page_fits.
 KVFLASH_HD constexpr bool sm90_reads_pages(const FamilyInputs& in) {
   if (in.page_size == 0) return true;
   if (in.has_leftpad) return false;

@@ -10,12 +10,17 @@
 //  - for w waves of slots, blocks per split = max(kPortableMinBlocksPerSplit,
 //    ceil(total / (w * slots))), and a sequence of n key blocks gets ceil(n / that) splits,
 //    at most the plan's num_splits (1 for a sequence without query rows);
-//  - w = 1 always qualifies, w = 2..kPortableMaxWaves only when their splits keep at least
+//  - no split at all when the unsplit CTAs give every SM one and fit one wave of slots: they
+//    are all resident at once and already draw the memory bandwidth, so splits add only the
+//    partials and the combine (H200, 32/8 heads, d 128, page 16: batch 32 x 8192 keys 0.274 ms
+//    unsplit against 0.297 with the wave rule's 7 splits; batch 32 x 1024 0.048 against 0.067);
+//  - else w = 1 always qualifies, w = 2..kPortableMaxWaves only when their splits keep at least
 //    kPortableMinMultiWaveBlocks key blocks (a partial last wave only costs much when CTAs are
 //    long); the qualifying w whose CTAs fill their last wave best wins, the fewest waves on a tie.
 // Example (H200, 132 SMs, 8 KV heads, 8192 keys in 64-key blocks): batch 1 gets 43 splits (344
 // CTAs, one wave of 396 slots); batch 64 gets 3 splits each (1536 CTAs, 3.9 waves) instead of
-// 1 (512 CTAs: 1.3 waves, the last 116 CTAs alone on their SMs).
+// 1 (512 CTAs: 1.3 waves, the last 116 CTAs alone on their SMs); batch 32 keeps 1 split each
+// (256 CTAs: two per SM, all resident).
 #pragma once
 
 #include <cstdint>
@@ -69,12 +74,17 @@ KVFLASH_HD bool portable_fills_better(int64_t ctas, int64_t best_ctas, int64_t s
   return ctas * best_waves > best_ctas * waves;  // ctas / waves > best_ctas / best_waves
 }
 
+// Key blocks per split that leave every sequence one split (more than any sequence holds).
+constexpr int64_t kPortableNoSplitBlocks = int64_t{1} << 40;
+
 // The key blocks per split the rule picks for `total` block-tiles. ctas_for(blocks) gives the
 // CTAs (scheduled heads x query tiles x splits, summed over the batch) that many blocks per split
 // make; it is called for each qualifying wave count in order (the device passes a CTA-wide sum,
 // which every thread reaches alike).
 template <class CtasFor>
 KVFLASH_HD int64_t portable_choose_blocks(int64_t total, int64_t slots, CtasFor ctas_for) {
+  const int64_t unsplit = ctas_for(kPortableNoSplitBlocks);
+  if (unsplit * kPortableCtasPerSm >= slots && unsplit <= slots) return kPortableNoSplitBlocks;
   int64_t best_blocks = portable_blocks_per_split(total, 1, slots);
   int64_t best_ctas = ctas_for(best_blocks);
   for (int waves = 2; waves <= kPortableMaxWaves; ++waves) {

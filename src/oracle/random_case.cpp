@@ -75,6 +75,7 @@ struct Config {
   bool small_descales = false;  // fp8 cache under a 16-bit q: new rows saturate at +-448
   double magnitude = 1.0;
   bool checked = false;
+  bool batch_invariant = false;
   const char* size_class = "small";
 };
 
@@ -308,6 +309,13 @@ bool draw_fp8_cache(uint64_t seed, DType dtype, const CaseLimits& limits) {
   return sixteen_bit && limits.headdims.empty() && !limits.mla && own.chance(0.2);
 }
 
+// About one case in eight runs in batch-invariant mode (splits from each sequence's own lengths),
+// drawn from a stream of its own like the fp8 cache above.
+bool draw_batch_invariant(uint64_t seed) {
+  Rng own(seed ^ 0xb17c4a5e1a7ull);
+  return own.chance(0.125);
+}
+
 Config draw_config(Rng& rng, uint64_t seed, const CaseLimits& limits) {
   Config c;
   const double r = rng.real();
@@ -324,6 +332,7 @@ Config draw_config(Rng& rng, uint64_t seed, const CaseLimits& limits) {
   draw_cache(rng, c, limits);
   draw_rotary(rng, c);
   draw_attention(rng, c);
+  c.batch_invariant = draw_batch_invariant(seed);
   return c;
 }
 
@@ -553,6 +562,7 @@ void build_buffers(Rng& rng, Case& k, const Config& c) {
   if (c.pack_gqa >= 0) a.pack_gqa = c.pack_gqa == 1;
   a.only_qv = c.only_qv;
   a.checked = c.checked;
+  a.batch_invariant = c.batch_invariant;
 }
 
 std::vector<std::string> feature_tags(const Config& c) {
@@ -603,6 +613,7 @@ std::vector<std::string> feature_tags(const Config& c) {
   add(fp8_kv && c.small_descales && (c.k_descale || c.v_descale), "fp8_kv_saturating");
   t.push_back("num_splits=" + std::string(c.num_splits == 0 ? "0" : c.num_splits == 1 ? "1" : c.num_splits == 3 ? "3" : "many"));
   add(c.pack_gqa >= 0, "pack_gqa_forced");
+  add(c.batch_invariant, "batch_invariant");
   add(c.batch >= 16, "batch>=16");
   int longest_keys = 0;
   for (int b = 0; b < c.batch; ++b) longest_keys = std::max(longest_keys, c.cache_lens[b] + c.new_lens[b]);
@@ -649,6 +660,7 @@ std::string summarize(const Config& c) {
   if (c.pack_gqa >= 0) os << " pack_gqa=" << c.pack_gqa;
   if (c.layout != CacheLayout::contiguous) os << (c.layout == CacheLayout::padded ? " cache=padded" : " cache=heads_outer");
   if (c.checked) os << " checked";
+  if (c.batch_invariant) os << " batch_invariant";
   return os.str();
 }
 

@@ -72,10 +72,10 @@ struct Sm90OptOut {
   ~Sm90OptOut() { unsetenv("KVFLASH_SM90"); }
 };
 
-// KVFLASH_SM90_SMALL_PAGES=1 for one test's scope (pages below a key block on sm90, opt-in).
-struct Sm90SmallPages {
-  Sm90SmallPages() { setenv("KVFLASH_SM90_SMALL_PAGES", "1", 1); }
-  ~Sm90SmallPages() { unsetenv("KVFLASH_SM90_SMALL_PAGES"); }
+// KVFLASH_SM90_SMALL_PAGES=0 for one test's scope (pages below a key block back on sm80).
+struct Sm90SmallPagesOff {
+  Sm90SmallPagesOff() { setenv("KVFLASH_SM90_SMALL_PAGES", "0", 1); }
+  ~Sm90SmallPagesOff() { unsetenv("KVFLASH_SM90_SMALL_PAGES"); }
 };
 
 // What the dispatcher must launch for a call, from the call's own values (as the kernels see
@@ -84,7 +84,6 @@ struct Sm90SmallPages {
 // rows per CTA are the kernel's.
 TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
   const int archs[] = {80, 86, 89, 90, 100, 120};
-  const Sm90SmallPages small_pages;  // the GPU runner's setting (tests/gpu/run.sh)
   int checked = 0, sm90 = 0, sm90_small_pages = 0, fp8 = 0;
   std::set<std::tuple<int, int, int, int>> kernels;
   // The default draws, then prefill shapes (the sm90 family's head dims, >= 64 query rows).
@@ -112,7 +111,6 @@ TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
       call.has_leftpad = p.args.cache_leftpad.has_value();
       call.one_split = core::family_inputs(key).one_split;
       call.sm90_enabled = true;  // the planner's split rule decides it
-      call.sm90_small_pages = true;
       call.has_qv = p.has_qv;
       EXPECT_EQ(plan.kernel, core::choose_kernel(call));
       if (plan.kernel.family == KernelFamily::sm90) {
@@ -238,7 +236,8 @@ TEST(KernelFamily, Sm90PageSizes) {
   in.max_seqlen_q = 64;
   in.one_split = true;
   in.page_size = 64;
-  EXPECT_EQ(core::kernel_family(in), KernelFamily::sm80);  // not opted in: whole blocks only
+  in.sm90_small_pages = false;  // opted out: whole blocks only
+  EXPECT_EQ(core::kernel_family(in), KernelFamily::sm80);
   in.page_size = 256;
   EXPECT_EQ(core::kernel_family(in), KernelFamily::sm90);
   in.sm90_small_pages = true;
@@ -279,11 +278,11 @@ TEST(KernelFamily, Sm90PlansPagedPrefill) {
     key = core::canonical_key(key, core::DeviceInfo{132, 90});
     return core::static_plan(key).kernel.family;
   };
-  for (int page : {16, 64}) EXPECT_EQ(family(page), KernelFamily::sm80) << page;  // not opted in
-  const Sm90SmallPages small_pages;
   for (int page : {16, 64, 1, 3}) {
     EXPECT_EQ(family(page), page >= 16 ? KernelFamily::sm90 : KernelFamily::sm80) << page;
   }
+  const Sm90SmallPagesOff off;
+  for (int page : {16, 64}) EXPECT_EQ(family(page), KernelFamily::sm80) << page;
 }
 
 // A planned call: one split from FA3's rule at the sm90 tile, a requested split count above one
@@ -305,6 +304,40 @@ TEST(KernelFamily, Sm90NeedsOneSplit) {
   short_q.max_seqlen_k = 65536;
   EXPECT_GT(core::static_plan(short_q, KernelFamily::sm90).num_splits, 1);
   EXPECT_EQ(core::static_plan(short_q).kernel.family, KernelFamily::sm80);
+}
+
+// A padded batch of prompts (no cu_seqlens_q) has all its query tiles: 32 prompts of 512 at d 256
+// (8 heads, 4 tiles each: 1,024) run sm90; the same shape by cu_seqlens_q might be one prompt
+// among empty ones, which FA3's rule would split, so it stays on sm80.
+TEST(KernelFamily, PaddedPromptBatchesRunSm90) {
+  PlanKey raw;
+  raw.batch = 32, raw.max_seqlen_q = 512, raw.max_seqlen_k = 512, raw.causal = true;
+  raw.num_heads = raw.num_heads_k = 8, raw.headdim = raw.headdim_v = 256, raw.dtype = DType::bf16;
+  const Plan padded = core::static_plan(core::canonical_key(raw, core::DeviceInfo{132, 90}));
+  EXPECT_EQ(padded.kernel.family, KernelFamily::sm90);
+  EXPECT_EQ(padded.num_splits, 1);
+  raw.varlen_q = true;
+  EXPECT_EQ(core::static_plan(core::canonical_key(raw, core::DeviceInfo{132, 90})).kernel.family,
+            KernelFamily::sm80);
+}
+
+// Batch-invariant mode splits by its own rule (16 key blocks per split): a call it splits stays on
+// sm80, one it does not split may run sm90. (The peers suite's kvflash-bi rows on the H200 caught
+// sm90 plans of 2-16 splits, which ran one split and combined unwritten partials.)
+TEST(KernelFamily, BatchInvariantSplitsStayOffSm90) {
+  PlanKey raw;
+  raw.batch = 4, raw.max_seqlen_q = 4096, raw.max_seqlen_k = 4096, raw.causal = true;
+  raw.num_heads = raw.num_heads_k = 32, raw.headdim = raw.headdim_v = 64, raw.dtype = DType::bf16;
+  raw.batch_invariant = true;
+  const PlanKey key = core::canonical_key(raw, core::DeviceInfo{132, 90});
+  const Plan plan = core::static_plan(key);
+  EXPECT_GT(plan.num_splits, 1);
+  EXPECT_EQ(plan.kernel.family, KernelFamily::sm80);
+  PlanKey one_block = raw;  // 2,048 keys: 16 blocks of 128, one batch-invariant split
+  one_block.max_seqlen_q = one_block.max_seqlen_k = 2048;
+  const Plan short_plan = core::static_plan(core::canonical_key(one_block, core::DeviceInfo{132, 90}));
+  EXPECT_EQ(short_plan.kernel.family, KernelFamily::sm90);
+  EXPECT_EQ(short_plan.num_splits, 1);
 }
 
 TEST(KernelFamily, RuleRows) {

@@ -224,7 +224,8 @@ TEST(Differential, GeneratorCoversEveryFeature) {
       "fp8_descales", "descales_ignored", "fp8_rotary", "fp8_kv_cache_q_bf16", "fp8_kv_cache_q_f16",
       "fp8_kv_descales", "fp8_kv_append", "fp8_kv_rotary", "fp8_kv_saturating", "fp8_kv_qv", "fp8_kv_q_absent", "num_splits=0", "num_splits=1", "num_splits=3", "num_splits=many",
       "batch>=16", "context>=1000", "seqlen_q>=100", "empty_q_sequence", "empty_k_sequence", "all_keys_empty", "size=large",
-      "shared_pages", "cache_strided_padded", "cache_heads_outer", "inputs_strided", "checked_mode"};
+      "shared_pages", "cache_strided_padded", "cache_heads_outer", "inputs_strided", "checked_mode",
+      "batch_invariant"};
   for (const char* tag : required) {
     EXPECT_GT(coverage.counts[tag], 0) << "no random case exercises " << tag;
   }

@@ -91,10 +91,16 @@ TEST(PlanHeuristics, LongContextDecodeSplitsOnHopper) {
   EXPECT_EQ(one.num_splits_dynamic, std::vector<int32_t>{13});
   EXPECT_EQ(one.num_m_blocks, std::vector<int32_t>{1});
 
-  // 64 such sequences: 3008 blocks -> 201 per SM -> one split each (15 stays the upper bound).
-  const Plan many = hopper_plan_for(decode_key(64, 8192), same_lengths(64, 1, 8192));
+  // 64 such sequences given by cu_seqlens_q: 3008 blocks -> 201 per SM -> one split each (15
+  // stays the upper bound).
+  PlanKey varlen = decode_key(64, 8192);
+  varlen.varlen_q = true;
+  const Plan many = hopper_plan_for(varlen, same_lengths(64, 1, 8192));
   EXPECT_EQ(many.num_splits, 15);
   EXPECT_EQ(many.num_splits_dynamic, std::vector<int32_t>(64, 1));
+  // A padded batch has every sequence's query tiles (512, most of the SMs): the sm90 family
+  // (whose kernels run one split) bounds it at 1, unlike FA3's upper bound.
+  EXPECT_EQ(hopper_plan_for(decode_key(64, 8192), same_lengths(64, 1, 8192)).num_splits, 1);
 
   // Above 992 sequences the bound counts the whole batch (8000 tiles): no split at all.
   const Plan huge = static_plan(decode_key(1000, 8192), KernelFamily::sm90);
@@ -117,6 +123,12 @@ TEST(PlanHeuristics, PortableCudaSplitsCountCtaSlots) {
   const Plan many = plan_for(decode_key(64, 8192, 80), same_lengths(64, 1, 8192));
   EXPECT_EQ(many.num_splits, 50);
   EXPECT_EQ(many.num_splits_dynamic, std::vector<int32_t>(64, 3));
+  // Batch 32: 256 unsplit CTAs give every SM one and fit one wave: no split. Batch 8 (64 CTAs)
+  // would leave SMs idle unsplit: the wave rule splits it.
+  const Plan resident = plan_for(decode_key(32, 8192, 80), same_lengths(32, 1, 8192));
+  EXPECT_EQ(resident.num_splits_dynamic, std::vector<int32_t>(32, 1));
+  const Plan few = plan_for(decode_key(8, 8192, 80), same_lengths(8, 1, 8192));
+  EXPECT_GT(few.num_splits_dynamic[0], 1);
   // One long sequence among short ones gets the splits; one without query rows gets 1.
   const Plan mixed = plan_for(decode_key(3, 8192, 80), {{1, 8192}, {1, 100}, {0, 8192}});
   EXPECT_EQ(mixed.num_splits_dynamic, (std::vector<int32_t>{43, 1, 1}));
@@ -130,6 +142,27 @@ TEST(PlanHeuristics, PortableCudaSplitsCountCtaSlots) {
   // Hopper plans and the CPU keep FA3's rule.
   EXPECT_EQ(static_plan(decode_key(1, 8192, 90), KernelFamily::sm90).num_splits, 15);
   EXPECT_EQ(static_plan(decode_key(1, 8192, 0, 64)).num_splits, 7);
+}
+
+// A padded prefill batch: the bound's fp32 partials over every query row would pass 64 MiB, so
+// the bound is cut (32 prompts of 512, 16 heads, d 128: 128 MiB a split -> 1); with cu_seqlens_q
+// the rows are unknown when planning and the bound stays.
+TEST(PlanHeuristics, PortableSplitsOfPaddedBatchesFitThePartialBudget) {
+  PlanKey raw;
+  raw.batch = 32, raw.max_seqlen_q = 512, raw.max_seqlen_k = 512, raw.causal = true;
+  raw.num_heads = raw.num_heads_k = 16, raw.headdim = raw.headdim_v = 128, raw.dtype = DType::bf16;
+  raw.page_size = 16;
+  EXPECT_EQ(static_plan(canonical_key(raw, DeviceInfo{132, 80})).num_splits, 1);
+  PlanKey varlen = raw;
+  varlen.varlen_q = true;
+  EXPECT_GT(static_plan(canonical_key(varlen, DeviceInfo{132, 80})).num_splits, 1);
+  PlanKey fewer = raw;  // 8 prompts of 64: 4 MiB a split, the bound stands (several splits)
+  fewer.batch = 8, fewer.max_seqlen_q = 64, fewer.max_seqlen_k = 4096;
+  EXPECT_GT(static_plan(canonical_key(fewer, DeviceInfo{132, 80})).num_splits, 1);
+  // Decode keeps its bound: batch 128 x 4 query tokens is 8 MiB a split, 8 splits fit.
+  PlanKey decode = decode_key(128, 8192, 80);
+  decode.max_seqlen_q = 4;
+  EXPECT_EQ(static_plan(canonical_key(decode, DeviceInfo{132, 80})).num_splits, 8);
 }
 
 TEST(PlanHeuristics, PortableSplitsFitTheirGrid) {

@@ -20,9 +20,6 @@ RACECHECK_CASES=${RACECHECK_CASES:-12}
 INITCHECK_CASES=${INITCHECK_CASES:-12}
 SYNCCHECK_CASES=${SYNCCHECK_CASES:-12}
 JOBS=${JOBS:-$(nproc)}
-# Pages smaller than a key block on the sm90 family: opt-in in the library until this runner has
-# validated them, so the runner turns them on (KVFLASH_SM90_SMALL_PAGES=0 here: the default path).
-export KVFLASH_SM90_SMALL_PAGES=${KVFLASH_SM90_SMALL_PAGES:-1}
 BUILD=${BUILD:-build-gpu}
 declare -A status
 
@@ -88,11 +85,10 @@ step bench bench.log "$RUNNER" bench
 # The floors by the program users run: paged decode (page 16, 32/8 heads, d 128; --eager: the host
 # work per eager call, issue 14, paged and dense), dense prefill,
 # and batched prefill (32 prompts of 512, causal, page 16): on sm_90 the sm90 family (pages of 16
-# keys by TMA), and the same row on the portable kernels (KVFLASH_SM90=0: the sm80 family with a
-# split bound > 1 but one split per sequence, where a combine over every row costs what one long
-# sequence hides; issue 13: 548 us at 90df2b1, 992 us at 02d27d1), once more with one split: the
-# portable rule's static bound is 4 splits there (1 per sequence on the device), and this row is
-# 1.3x slower than at 90df2b1 in the peers suite (session 6): is it the split machinery?
+# keys by TMA), and the same row on the portable kernels (KVFLASH_SM90=0), by default and with
+# --num-splits 1: the two must match. A split bound above 1 with one split per sequence cost this
+# row 2.8x (0.731 against 0.265 ms, session 7; issue 13's regression since 90df2b1), and padded
+# batches are now planned with one split here (core/heuristics.cpp padded_partial_cap).
 floors() {
   "$BUILD/kvflash" bench --device cuda --batch 1,64 --context 8192 --prefill none --dtype bf16 --eager &&
     "$BUILD/kvflash" bench --device cuda --batch 1 --context 8192 --prefill none --dtype bf16 --eager --page-size 0 &&

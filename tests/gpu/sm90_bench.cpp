@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda/common/params.h"
@@ -28,6 +29,14 @@ int run_sm90_bench(bool) {
 }
 #else
 namespace {
+
+// printf into a std::string (one table cell).
+template <class... Args>
+std::string format(const char* fmt, Args... args) {
+  char cell[64];
+  std::snprintf(cell, sizeof cell, fmt, args...);
+  return cell;
+}
 
 struct Shape {
   int batch, seqlen, heads, heads_k, headdim;
@@ -229,10 +238,16 @@ int run_sm90_bench(bool small) {
     std::snprintf(name, sizeof name, "b%d x %d h%d/%d d%d %s%s", s.batch, s.seqlen, s.heads, s.heads_k, s.headdim,
                   s.causal ? "causal" : "full", cache);
     const auto tflops = [&](double t) { return flops / (t * 1e-3) * 1e-12; };
-    std::printf("%-34s %8.3f %8.3f %8.3f %8.3f %8.3f %9.1f %.4f / %.4f / %.4f / %.4f\n", name, sm80_ms, ms[1], ms[2],
-                ms[3], ms[4], tflops(ms[last_rung]), diff[1], diff[2], diff[3], diff[4]);
-    std::printf("  TFLOP/s: sm80 (2 splits) %.1f, rung1 %.1f, rung2 %.1f, rung3 %.1f, rung4 %.1f\n", tflops(sm80_ms),
-                tflops(ms[1]), tflops(ms[2]), tflops(ms[3]), tflops(ms[4]));
+    // A rung this row did not run prints "-" (paged rows run the best rung only).
+    std::string times, rates = "  TFLOP/s: sm80 (2 splits) " + format("%.1f", tflops(sm80_ms)), diffs;
+    for (int rung = 1; rung <= cuda::sm90::kRungs; ++rung) {
+      const bool ran = rung >= first_rung && rung <= last_rung;
+      times += ran ? format(" %8.3f", ms[rung]) : format(" %8s", "-");
+      rates += format(", rung%d ", rung) + (ran ? format("%.1f", tflops(ms[rung])) : "-");
+      diffs += (rung > 1 ? " / " : "") + (ran ? format("%.4f", diff[rung]) : "-");
+    }
+    std::printf("%-34s %8.3f%s %9.1f %s\n%s\n", name, sm80_ms, times.c_str(), tflops(ms[last_rung]), diffs.c_str(),
+                rates.c_str());
     std::fflush(stdout);
     for (void* ptr : {q, k, v, ref, out, static_cast<void*>(pages.table)}) cudaFree(ptr);
   }

@@ -10,12 +10,20 @@ import pytest
 
 import kvflash
 
+# tests/python/gpu_run.sh assembles the package on PYTHONPATH without installing it (the GPU machine
+# has no network for pip's build dependencies) and says so: the installed-package checks below do
+# not apply there. Everywhere else (CI, a user's pip install) they run.
+installed_only = pytest.mark.skipif(os.environ.get("KVFLASH_PACKAGE_NOT_INSTALLED") == "1",
+                                    reason="the package is assembled on PYTHONPATH, not installed (gpu_run.sh)")
 
+
+@installed_only
 def test_module_and_metadata_have_the_same_version():
     assert kvflash.__version__ == importlib.metadata.version("kvflash")
     assert kvflash.__version__.count(".") == 2
 
 
+@installed_only
 def test_kvflash_program_is_installed_with_the_module():
     # The wheel's script lands beside the interpreter (venv bin/, or the user/system scripts dir).
     program = shutil.which("kvflash", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
@@ -24,6 +32,7 @@ def test_kvflash_program_is_installed_with_the_module():
     assert version.startswith(f"kvflash {kvflash.__version__} ")
 
 
+@installed_only
 def test_ml_dtypes_is_a_requirement():
     requirements = importlib.metadata.requires("kvflash") or []
     assert any(r.split(">")[0].split("=")[0].strip() == "ml_dtypes" and "extra" not in r for r in requirements)
