@@ -1,13 +1,14 @@
 # The CUDA backend (included by CMakeLists.txt when nvcc is found): src/cuda/*.cu and ops/ into
 # kvflash_lib, the attention instantiations generated from src/cuda/instantiations.def.
 #
-#   KVFLASH_CUDA_MINIMAL=ON   the table's rows marked minimal (bf16, d 128), sm_80 only: the set CI
+#   KVFLASH_CUDA_MINIMAL=ON   the table's rows marked minimal (bf16 and bf16 over an fp8 cache,
+#                             d 128), sm_80 only: the set CI
 #                             compiles so a compile break never lands within CI's 2-core budget.
 #   KVFLASH_CUTLASS_INCLUDE   CUTLASS/CuTe headers (default: the pinned PyPI nvidia-cutlass==4.2.0.0).
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
 
-option(KVFLASH_CUDA_MINIMAL "Build one attention instantiation (bf16, d 128, sm_80) for CI" OFF)
+option(KVFLASH_CUDA_MINIMAL "Build the minimal attention instantiations (bf16 d 128, also over fp8; sm_80) for CI" OFF)
 
 if(NOT KVFLASH_CUTLASS_INCLUDE)
   find_package(Python3 COMPONENTS Interpreter QUIET)
@@ -96,7 +97,7 @@ file(STRINGS "${_kvflash_table}" _kvflash_rows REGEX "^KVFLASH_INSTANTIATION\\("
 set(_kvflash_gen "${CMAKE_CURRENT_BINARY_DIR}/kvflash_inst")
 set(_kvflash_built "")
 foreach(_row IN LISTS _kvflash_rows)
-  if(NOT _row MATCHES "^KVFLASH_INSTANTIATION\\(([a-z0-9_]+), *([a-z0-9]+), *([0-9]+), *([0-9]+)\\)")
+  if(NOT _row MATCHES "^KVFLASH_INSTANTIATION\\(([a-z0-9_]+), *([a-z0-9_]+), *([0-9]+), *([0-9]+)\\)")
     message(FATAL_ERROR "instantiations.def: cannot read the row '${_row}'")
   endif()
   set(_family ${CMAKE_MATCH_1})
@@ -109,10 +110,14 @@ foreach(_row IN LISTS _kvflash_rows)
   if((KVFLASH_CUDA_MINIMAL AND NOT _row MATCHES "// minimal") OR NOT TARGET kvflash_cuda_${_family})
     continue()
   endif()
-  if(_dtype STREQUAL "bf16")
+  # The launcher's row type: the query's 16-bit type, or E4m3Cache<it> over an fp8 cache.
+  if(_dtype MATCHES "^bf16")
     set(_elem __nv_bfloat16)
   else()
     set(_elem __half)
+  endif()
+  if(_dtype MATCHES "_e4m3$")
+    set(_elem "E4m3Cache<${_elem}>")
   endif()
   set(_unit "${_kvflash_gen}/${_family}_${_dtype}_${_d}x${_dv}.cu")
   file(CONFIGURE OUTPUT "${_unit}" CONTENT "\

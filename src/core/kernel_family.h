@@ -18,7 +18,7 @@ namespace kvflash::core {
 // What the rule reads (a PlanKey's fields; see family_inputs() in the planner).
 struct FamilyInputs {
   int arch = 0;             // 0: CPU, else compute capability * 10 as the device reports it
-  bool sixteen_bit = true;  // fp16 / bf16 inputs
+  bool sixteen_bit = true;  // fp16 / bf16 inputs (false: fp8, a 16-bit query over an fp8 cache too)
   int headdim = 0;
   int headdim_v = 0;
   int64_t packed_rows = 0;  // max_seqlen_q x query heads per KV head (the kernels pack GQA)
@@ -88,7 +88,8 @@ KVFLASH_HD constexpr bool sm90_mla_takes(const FamilyInputs& in) {
 }
 
 // Rows, first match wins: the Hopper families on sm_90 (their kernels are sm_90a code) for the
-// calls they take, the portable sm80 kernels on every other GPU and call.
+// calls they take, the portable sm80 kernels on every other GPU and call (fp8 among them: the
+// Hopper families take only 16-bit calls).
 KVFLASH_HD constexpr KernelFamily kernel_family(const FamilyInputs& in) {
   if (in.arch == 0) return KernelFamily::cpu;
   if (in.arch == 90 && in.sm90_enabled && sm90_takes(in)) return KernelFamily::sm90;
@@ -116,13 +117,22 @@ KVFLASH_HD constexpr int family_ctas_per_sm(KernelFamily family) {
 // Head dims of the instantiation that runs (d, d_v): (192, 128) for its own shape, (64, 512) for
 // MLA's (d_v above 256, which the contract allows only with d <= 64, and every call with qv,
 // whose d <= 64 and d_v >= 256: one instantiation for the qv.v scores, d_v 256 zero-padded),
-// else the wider rounded dim for both (core/tile_size.h round_up_headdim).
+// else the wider rounded dim for both (core/tile_size.h round_up_headdim). fp8 (an fp8 cache,
+// under any query) has only 64, 128 and 256 (src/cuda/instantiations.def): its wider dim rounds
+// up to one of them; the sm80 tile is the same as for the rounded dim (tile_size_sm80 changes
+// only at 64 and 128).
 struct InstanceDims {
   int headdim = 0;
   int headdim_v = 0;
 };
-KVFLASH_HD constexpr InstanceDims instance_dims(int headdim, int headdim_v, bool has_qv = false) {
+KVFLASH_HD constexpr int round_up_headdim_fp8(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
+KVFLASH_HD constexpr InstanceDims instance_dims(int headdim, int headdim_v, bool has_qv = false,
+                                                bool fp8 = false) {
   if (has_qv || headdim_v > 256) return {64, 512};
+  if (fp8) {
+    const int widest = round_up_headdim_fp8(headdim > headdim_v ? headdim : headdim_v);
+    return {widest, widest};
+  }
   const int d = round_up_headdim(headdim), dv = round_up_headdim(headdim_v);
   if (d == 192 && dv <= 128) return {192, 128};
   const int widest = d > dv ? d : dv;
@@ -140,9 +150,10 @@ KVFLASH_HD constexpr KernelShape sm80_shape(int64_t packed_rows, const InstanceD
 }
 
 // The kernel of `family` for a call (the planner asks for the rule's family; tests for others).
+// On a GPU the inputs are 16-bit or fp8 (fp32 is the CPU's).
 KVFLASH_HD constexpr KernelChoice family_kernel(KernelFamily family, const FamilyInputs& in) {
   if (family == KernelFamily::cpu) return KernelChoice{};
-  const InstanceDims dims = instance_dims(in.headdim, in.headdim_v, in.has_qv);
+  const InstanceDims dims = instance_dims(in.headdim, in.headdim_v, in.has_qv, !in.sixteen_bit);
   const KernelShape shape = family == KernelFamily::sm80       ? sm80_shape(in.packed_rows, dims)
                            : family == KernelFamily::sm90_mla ? KernelShape::mla_decode
                                                               : KernelShape::prefill;

@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "core/backend.h"
 #include "core/planner.h"
+#include "cuda/common/fp8.cuh"
 #include "cuda/common/per_device.h"
 #include "cuda/host/call_params.h"
 #include "cuda/ops/kernels.h"
@@ -44,42 +46,61 @@ bool has_programmatic_launch(int device) { return core::cuda_device_info(device)
 // The attention launchers the build holds: the rows of the instantiation table CMake generated
 // units for (kvflash_inst/built_instantiations.inc; a KVFLASH_CUDA_MINIMAL build holds one).
 using AttentionLauncher = void (*)(const AttentionParams&, KernelShape, bool, cudaStream_t);
+// What a row's kernels read: the query's 16-bit type (bf16 for an fp8 q, converted first) and
+// whether the cache is fp8 e4m3.
+struct RowType {
+  DType query;
+  bool fp8_cache;
+  bool operator==(const RowType&) const = default;
+};
+template <class Row>
+constexpr RowType row_type = {std::is_same_v<Row, __half> ? DType::f16 : DType::bf16, false};
+template <class Q>
+constexpr RowType row_type<E4m3Cache<Q>> = {row_type<Q>.query, true};
 struct BuiltInstantiation {
   KernelFamily family;
-  DType dtype;
+  RowType row;
   int headdim, headdim_v;
   AttentionLauncher launch;
 };
 using bf16 = __nv_bfloat16;
 using f16 = __half;
+using bf16_e4m3 = E4m3Cache<bf16>;
+using f16_e4m3 = E4m3Cache<f16>;
 #define KVFLASH_INSTANTIATION(family, dtype, d, dv) \
-  {KernelFamily::family, DType::dtype, d, dv, &launch_##family##_attention<dtype, d, dv>},
+  {KernelFamily::family, row_type<dtype>, d, dv, &launch_##family##_attention<dtype, d, dv>},
 constexpr BuiltInstantiation kBuilt[] = {
 #include "built_instantiations.inc"
 };
 #undef KVFLASH_INSTANTIATION
 
+RowType call_row_type(const core::Problem& p) { return {p.fp8 ? DType::bf16 : p.dtype, p.fp8_cache}; }
+
 // The launcher of the Plan's kernel: exactly what the planner chose, never a substitute.
-AttentionLauncher attention_launcher(const Plan& plan, DType dtype) {
+AttentionLauncher attention_launcher(const Plan& plan, RowType type) {
   for (const BuiltInstantiation& row : kBuilt) {
-    if (row.family == plan.kernel.family && row.dtype == dtype && row.headdim == plan.kernel.headdim &&
+    if (row.family == plan.kernel.family && row.row == type && row.headdim == plan.kernel.headdim &&
         row.headdim_v == plan.kernel.headdim_v) {
       return row.launch;
     }
   }
   throw Error(ErrorKind::unsupported, "q",
-              std::string("the ") + family_name(plan.kernel.family) + " kernel for " + dtype_name(dtype) +
-                  ", head dims " + std::to_string(plan.kernel.headdim) + " / " +
+              std::string("the ") + family_name(plan.kernel.family) + " kernel for " + dtype_name(type.query) +
+                  (type.fp8_cache ? " over an fp8 cache" : "") + ", head dims " +
+                  std::to_string(plan.kernel.headdim) + " / " +
                   std::to_string(plan.kernel.headdim_v) + " is not in this build (KVFLASH_CUDA_MINIMAL?)");
 }
 
 // Every check that can refuse the call first, then the kernels: a refused call writes nothing.
-template <class Elem>
+// Src: q's and new K/V's element, Cache: the caches'. The attention reads q as Src, or as bf16
+// converted into the workspace from an fp8 q.
+template <class Src, class Cache>
 void run_typed(const core::Problem& p, const Plan& plan, const CallParams& call, cudaStream_t stream) {
-  const AttentionLauncher launch_attention = attention_launcher(plan, p.dtype);
+  using Query = std::conditional_t<std::is_same_v<Src, e4m3>, __nv_bfloat16, Src>;
+  const AttentionLauncher launch_attention = attention_launcher(plan, call_row_type(p));
   check_launchable(call, plan);
-  if (call.append) launch_append_kv<Elem>(call.append_params, call.append_rows, stream);
-  if (call.rotate_q) launch_rotate_q<Elem>(call.rotate_q_params, stream);
+  if (call.append) launch_append_kv<Src, Cache>(call.append_params, call.append_rows, stream);
+  if (call.rotate_q) launch_rotate_q<Src, Query>(call.rotate_q_params, stream);
   if (call.prepare) launch_prepare(call.prepare_params, stream);
   const bool overlap = has_programmatic_launch(p.device.id);  // common/launch.cuh
   launch_attention(call.attention, plan.kernel.shape, overlap, stream);
@@ -110,8 +131,11 @@ class CudaBackend final : public core::Backend {
     if (own) check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&ws), layout.total, stream), "cudaMallocAsync");
     try {
       const CallParams call = call_params(p, plan, outputs, ws);
-      if (p.dtype == DType::f16) run_typed<__half>(p, plan, call, stream);
-      else run_typed<__nv_bfloat16>(p, plan, call, stream);
+      if (p.fp8) run_typed<e4m3, e4m3>(p, plan, call, stream);
+      else if (p.dtype == DType::f16) p.fp8_cache ? run_typed<__half, e4m3>(p, plan, call, stream)
+                                                  : run_typed<__half, __half>(p, plan, call, stream);
+      else p.fp8_cache ? run_typed<__nv_bfloat16, e4m3>(p, plan, call, stream)
+                       : run_typed<__nv_bfloat16, __nv_bfloat16>(p, plan, call, stream);
     } catch (...) {
       if (own) cudaFreeAsync(ws, stream);
       throw;

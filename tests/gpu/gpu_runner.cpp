@@ -12,7 +12,10 @@
 //                                                     1 KV head, 16 or 128 query heads);
 //                                                     sm90mla draws those and keeps the calls
 //                                                     the sm90_mla kernel takes (opted in:
-//                                                     KVFLASH_SM90_MLA=1, on sm_90)
+//                                                     KVFLASH_SM90_MLA=1, on sm_90); fp8
+//                                                     keeps the cases over an fp8 e4m3 cache
+//                                                     (FA3's all-fp8 calls and 16-bit queries
+//                                                     over fp8), which a plain draw also makes
 //   kvflash_gpu_runner sm90bench [small]              the sm90 family's rungs timed (sm90_bench.cpp;
 //                                                     small: once each on small shapes, untimed)
 //   kvflash_gpu_runner graph                          capture a decode step, replay with new lengths
@@ -73,6 +76,7 @@ bool in_subset(const std::string& only, const KvCacheArgs& a, const KvCacheArgs&
   if (only.empty()) return true;
   if (only == "split") return splits > 1;
   if (only == "mla") return true;  // drawn as such (run_random)
+  if (only == "fp8") return a.v_cache->dtype == DType::e4m3;
   if (only == "sm90") return make_plan(dev).kernel.family == KernelFamily::sm90;
   if (only == "sm90mla") return make_plan(dev).kernel.family == KernelFamily::sm90_mla;
   if (only == "prefill") {  // more than 16 packed query rows: the prefill tile shape
@@ -193,6 +197,6 @@ int main(int argc, char** argv) {
   if (mode == "badinput") return run_bad_input();
   if (mode == "bitwise") return run_bitwise(argc > 2 ? std::atoi(argv[2]) : 200);
   if (mode == "streams") return run_streams(argc > 2 ? std::atoi(argv[2]) : 100);
-  std::fprintf(stderr, "usage: %s random <count> [first_seed] [split|prefill|sm90|mla|sm90mla] | graph | combine | bench [case] | sm90bench [small] | badinput | bitwise [count] | streams [count]\n", argv[0]);
+  std::fprintf(stderr, "usage: %s random <count> [first_seed] [split|prefill|sm90|mla|sm90mla|fp8] | graph | combine | bench [case] | sm90bench [small] | badinput | bitwise [count] | streams [count]\n", argv[0]);
   return 2;
 }

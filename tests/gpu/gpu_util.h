@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "kvflash/args.h"
@@ -79,11 +80,15 @@ inline KvCacheArgs device_args(const KvCacheArgs& host, DeviceMirror& mirror) {
 }
 
 // What this build of the CUDA backend takes (the rest answers Error(unsupported)): fp16 / bf16
-// (q, or qv without q, and both caches), every head dim the contract allows (d_v 512 prefill
+// (q, or qv without q, and both caches), fp8 e4m3 (FA3's all-fp8 call, and a 16-bit query over an
+// fp8 cache) but not qv over an fp8 cache, every head dim the contract allows (d_v 512 prefill
 // needs a GPU with 151 KB of shared memory per CTA: cuda/host/call_params.cpp), qv, only_qv.
+// fp8 only with KVFLASH_CUDA_FP8=1 (opt-in until validated; tests/gpu/run.sh sets it).
 inline bool cuda_supports(const KvCacheArgs& a) {
-  const DType dtype = a.v_cache->dtype;
-  return dtype == DType::bf16 || dtype == DType::f16;
+  const DType cache = a.v_cache->dtype;
+  const char* fp8 = std::getenv("KVFLASH_CUDA_FP8");
+  const bool fp8_on = fp8 != nullptr && std::string(fp8) == "1";
+  return cache == DType::bf16 || cache == DType::f16 || (cache == DType::e4m3 && !a.qv && fp8_on);
 }
 
 }  // namespace kvflash::gpu_test

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU test runner, one call on a GPU machine: build (all instantiations, sm_80 + sm_90a),
 # resource usage of the kernels, >= 1000 random differential cases against the oracle (and 300
-# MLA ones on the portable kernels, 300 on the sm90_mla kernel, its bench rows),
+# MLA ones on the portable kernels, 300 on the sm90_mla kernel, its bench rows, 300 fp8 ones),
 # compute-sanitizer memcheck, racecheck, initcheck and synccheck over a subset (memcheck also over
 # issue 18's malformed-call table), bitwise determinism and batch invariance, the same cases from
 # several threads on their own streams, the CUDA-graph
@@ -9,7 +9,7 @@
 # issue 3's speed floors measured by `kvflash bench`, then a summary table. Logs go to $OUT (or
 # ./gpu-logs).
 # SKIP="memcheck racecheck" leaves the named steps out (to split the runner over two device calls).
-#   CASES=1000 MEMCHECK_CASES=40 RACECHECK_CASES=12 INITCHECK_CASES=12 SYNCCHECK_CASES=12 JOBS=16 tests/gpu/run.sh
+#   CASES=1000 FP8_CASES=300 MEMCHECK_CASES=40 RACECHECK_CASES=12 INITCHECK_CASES=12 SYNCCHECK_CASES=12 JOBS=16 tests/gpu/run.sh
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-logs}
@@ -23,6 +23,8 @@ JOBS=${JOBS:-$(nproc)}
 # The sm90_mla kernel (MLA decode on sm_90, issue 16): opt-in in the library until this runner has
 # validated it, so the runner turns it on; the mla step keeps the portable kernels' MLA path.
 export KVFLASH_SM90_MLA=${KVFLASH_SM90_MLA:-1}
+# fp8 on CUDA (issue 15): opt-in in the library until this runner has validated it.
+export KVFLASH_CUDA_FP8=${KVFLASH_CUDA_FP8:-1}
 BUILD=${BUILD:-build-gpu}
 declare -A status
 
@@ -47,7 +49,7 @@ fi
 # Registers / spills / tensor-core instructions of the attention kernels (sm_90a cubins).
 # (At most 8 files come back from a device call: the GPU line heads resources.txt.)
 (nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
- for o in "$BUILD"/CMakeFiles/kvflash_cuda_sm80.dir/kvflash_inst/sm80_bf16_{128x128,64x512}.cu.o; do
+ for o in "$BUILD"/CMakeFiles/kvflash_cuda_sm80.dir/kvflash_inst/sm80_{bf16_128x128,bf16_64x512,bf16_e4m3_128x128}.cu.o; do
    cuobjdump --dump-resource-usage "$o" | grep -E "Function|REG"
    echo "HMMA in sm_90 SASS: $(cuobjdump --dump-sass -arch sm_90a "$o" | grep -c HMMA)"
    echo "LDGSTS: $(cuobjdump --dump-sass -arch sm_90a "$o" | grep -c LDGSTS)"
@@ -68,13 +70,15 @@ step mla mla.log env KVFLASH_SM90_MLA=0 "$RUNNER" random "${MLA_CASES:-300}" 1 m
 # (16 heads b64 x 8k page 64: TB/s; 128 heads b128 x 8k: TFLOP/s) beside the portable kernels'.
 step sm90mla sm90mla.log env KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random "${MLA_CASES:-300}" 1 sm90mla
 step mlabench mlabench.log bash -c "'$RUNNER' bench mla && KVFLASH_SM90_MLA=0 '$RUNNER' bench mla"
+# fp8 (issue 15): FA3's all-fp8 calls and 16-bit queries over an fp8 e4m3 cache, from the plain draw.
+step fp8 fp8.log "$RUNNER" random "${FP8_CASES:-300}" 30001 fp8
 step sm90bench sm90bench.log "$RUNNER" sm90bench
 step graph graph.log "$RUNNER" graph
 step combine combine.log "$RUNNER" combine
 step badinput badinput.log "$RUNNER" badinput
 step bitwise bitwise.log "$RUNNER" bitwise 200
 step streams streams.log "$RUNNER" streams 100
-# Sanitizers: any cases, then the split-KV, prefill-shaped and MLA subsets (the decode shape
+# Sanitizers: any cases, then the split-KV, prefill-shaped, MLA and fp8 subsets (the decode shape
 # dominates a plain random draw) and the CUDA-graph test (splits + append), all appended to one log each.
 sanitize() {  # sanitize TOOL CASES FIRST_SEED
   local t="timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool $1 --error-exitcode 9"
@@ -82,7 +86,8 @@ sanitize() {  # sanitize TOOL CASES FIRST_SEED
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 200 ))" prefill &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 300 ))" sm90 &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 400 ))" mla &&
-    $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 500 ))" sm90mla && $t "$RUNNER" sm90bench small && $t "$RUNNER" graph
+    $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 500 ))" sm90mla &&
+    $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 600 ))" fp8 && $t "$RUNNER" sm90bench small && $t "$RUNNER" graph
 }
 step memcheck memcheck.log sanitize memcheck "$MEMCHECK_CASES" 5001
 step racecheck racecheck.log sanitize racecheck "$RACECHECK_CASES" 7001
@@ -115,13 +120,14 @@ step floors floors.log floors
 echo
 echo "=== summary ($(head -1 "$OUT/resources.txt")) ==="
 printf '%-10s %s\n' step result
-for s in build random sm90 sm80prefill mla sm90mla mlabench sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
+for s in build random sm90 sm80prefill mla sm90mla mlabench fp8 sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
 grep -h "^random:" "$OUT/random.log" || true
 grep -h "^random sm90" "$OUT/sm90.log" || true
 grep -h "^random prefill" "$OUT/sm80prefill.log" || true
 grep -h "^random mla" "$OUT/mla.log" || true
 grep -h "^random sm90mla" "$OUT/sm90mla.log" || true
 grep -hE "^mla |plan:" "$OUT/mlabench.log" || true
+grep -h "^random fp8" "$OUT/fp8.log" || true
 grep -h "^sm90bench\|^b[0-9]" "$OUT/sm90bench.log" || true
 grep -h "^random " "$OUT/memcheck.log" "$OUT/racecheck.log" "$OUT/initcheck.log" "$OUT/synccheck.log" || true
 grep -h "^badinput:" "$OUT/badinput.log" "$OUT/memcheck_badinput.log" || true

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "core/mask.h"
+#include "cuda/common/fp8.cuh"
 #include "cuda/common/lengths.cuh"
 #include "cuda/common/mma.cuh"
 #include "cuda/common/params.h"
@@ -183,14 +184,16 @@ __device__ __forceinline__ bool start_cta(const AttentionParams& p, int row0, in
 
 // Softmax scores reach log2 units through exp_scale, folded into the exponent's FFMA (one
 // instruction per score). Softcap, and a scale <= 0 (where max(s) * scale is not max(s * scale)),
-// map the scores into log2 units first (map()) and use exp_scale 1.
+// map the scores into log2 units first (map()) and use exp_scale 1. qk_descale: the fp8 descales
+// of the q.k product (Fp8Descales::qk), a factor of softmax_scale.
 struct ScoreScale {
   bool fold;
   float score_scale, softcap_log2, exp_scale;
-  __device__ explicit ScoreScale(const AttentionParams& p) {
+  __device__ explicit ScoreScale(const AttentionParams& p, float qk_descale = 1.0f) {
     const bool has_softcap = p.softcap > 0.0f;
-    fold = !has_softcap && p.softmax_scale > 0.0f;
-    score_scale = has_softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
+    const float scale = p.softmax_scale * qk_descale;
+    fold = !has_softcap && scale > 0.0f;
+    score_scale = has_softcap ? scale / p.softcap : scale * kLog2e;
     softcap_log2 = p.softcap * kLog2e;
     exp_scale = fold ? score_scale : 1.0f;
   }
@@ -198,6 +201,15 @@ struct ScoreScale {
     const float x = s * score_scale;
     return softcap_log2 > 0.0f ? softcap_log2 * tanhf(x) : x;
   }
+};
+
+// The descales of a CTA over an fp8 cache (contract 5.8): its batch element's and KV head's, for
+// the q.k scores (an fp8 q's times the K cache's) and the output (the V cache's).
+struct Fp8Descales {
+  float qk = 1.0f, v = 1.0f;
+  __device__ Fp8Descales(const AttentionParams& p, int b, int hk)
+      : qk(descale_at(p.q_descale, b, hk) * descale_at(p.k_descale, b, hk)), v(descale_at(p.v_descale, b, hk)) {}
+  Fp8Descales() = default;
 };
 
 }  // namespace kvflash::cuda

@@ -5,6 +5,8 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include <cstdint>
 #include <type_traits>
 
@@ -79,15 +81,20 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// Storage elements (bf16, fp16, fp8 e4m3) to and from fp32. Into e4m3 to nearest even, saturating
+// at +-448 (infinities included), NaN kept: the quantisation rule of contract 5.8
+// (cvt.rn.satfinite from sm_89, CUDA's exact emulation of it before).
 template <class Elem>
 __device__ __forceinline__ float to_float(Elem x) {
   if constexpr (std::is_same_v<Elem, __nv_bfloat16>) return __bfloat162float(x);
+  else if constexpr (std::is_same_v<Elem, __nv_fp8_e4m3>) return float(x);
   else return __half2float(x);
 }
 
 template <class Elem>
 __device__ __forceinline__ Elem from_float(float x) {
   if constexpr (std::is_same_v<Elem, __nv_bfloat16>) return __float2bfloat16_rn(x);
+  else if constexpr (std::is_same_v<Elem, __nv_fp8_e4m3>) return __nv_fp8_e4m3(x);
   else return __float2half_rn(x);
 }
 

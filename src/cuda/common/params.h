@@ -47,6 +47,12 @@ struct CacheParams {
   int pages_per_seq = 0;
 };
 
+// An fp8 tensor's descale, (b, h_k) fp32 (data nullptr: 1; contract 5.8).
+struct DescaleView {
+  const float* data = nullptr;
+  int64_t batch_stride = 0, head_stride = 0;
+};
+
 // A strided (batch, token, head) row space over a [.., d] tensor; varlen tensors use batch
 // stride 0 and absolute token indices.
 struct RowLayout {
@@ -95,6 +101,9 @@ struct AttentionParams {
   const float* sinks_f32 = nullptr;       // one of the two, or neither
   const uint16_t* sinks_bf16 = nullptr;
   int64_t sinks_stride = 1;
+  // fp8 (contract 5.8), set only on the fp8 instantiations' calls: q.k scores take q_descale (an
+  // fp8 q's) times k_descale, the output v_descale.
+  DescaleView q_descale, k_descale, v_descale;
   int num_splits = 1;                     // plan's upper bound
   const int32_t* splits_per_batch = nullptr;  // device, per batch element (nullptr: num_splits)
   // Split columns (grid z) from the prepare kernel: only the splits the lengths need are
@@ -112,7 +121,7 @@ struct AttentionParams {
 };
 
 // Rotary embedding tables (docs/contract.md section 5.2): cos / sin (rows, dim / 2) of the
-// cache's dtype; channels at or past dim pass through (dim 0: no rotary).
+// query's dtype; channels at or past dim pass through (dim 0: no rotary).
 struct RotaryParams {
   const void* cos = nullptr;
   const void* sin = nullptr;
@@ -129,12 +138,14 @@ struct AppendParams {
   RowLayout k_new, v_new;  // token index: absolute row of packed k, or position in dense k
   int num_heads_k = 0, headdim = 0, headdim_v = 0;
   RotaryParams rotary;
+  // A 16-bit row into an fp8 cache is divided by these (contract 5.8's quantisation rule).
+  DescaleView k_descale, v_descale;
 };
 
 struct RotateQParams {
   LengthParams len;
   RowLayout q;        // source
-  RowLayout q_rot;    // destination (workspace, dense (total, h, d) or (b, s_q, h, d))
+  RowLayout q_rot;    // destination (workspace, dense (total, h, d) or (b, s_q, h, d)); bf16 for fp8 q
   int num_heads = 0, headdim = 0;
   RotaryParams rotary;
   bool per_row = false;  // causal / local: row i at start + i

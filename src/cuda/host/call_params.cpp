@@ -1,5 +1,6 @@
 #include "cuda/host/call_params.h"
 
+#include <cstdlib>
 #include <string>
 
 #include "core/heuristics.h"
@@ -101,6 +102,15 @@ RowLayout row_layout(const TensorView& t, bool varlen) {
 // Whether the scores have the q.k term (q may be absent, or ignored with only_qv: spec 3).
 bool uses_qk(const core::Problem& p) { return p.has_q && p.has_k && !p.only_qv; }
 
+// The attention kernels read a 16-bit q: an fp8 q is converted to bf16 into the workspace, with
+// the rotation when rotary is on (as a 16-bit q is rotated there).
+size_t q_copy_elem_bytes(const core::Problem& p) { return p.fp8 ? 2 : dtype_size(p.dtype); }
+
+DescaleView descale_view(const OptTensor& t) {
+  if (!t) return {};
+  return DescaleView{t->ptr<const float>(), t->stride(0), t->stride(1)};
+}
+
 AttentionParams attention_params(const core::Problem& p, const Plan& plan, const Outputs& outputs,
                                  const LengthParams& len, const CacheParams& cache) {
   const KvCacheArgs& a = p.args;
@@ -126,6 +136,11 @@ AttentionParams attention_params(const core::Problem& p, const Plan& plan, const
     if (a.sinks->dtype == DType::f32) at.sinks_f32 = a.sinks->ptr<const float>();
     else at.sinks_bf16 = a.sinks->ptr<const uint16_t>();
     at.sinks_stride = a.sinks->stride(0);
+  }
+  if (p.fp8_cache) {  // descales are read only for fp8 tensors (spec 12.8)
+    if (p.fp8) at.q_descale = descale_view(a.q_descale);
+    at.k_descale = descale_view(a.k_descale);
+    at.v_descale = descale_view(a.v_descale);
   }
   at.num_splits = plan.num_splits;
   at.split_block_n = plan.block_n > 0 ? plan.block_n : 64;
@@ -218,9 +233,9 @@ WorkspaceLayout workspace_layout(const core::Problem& p, const Plan& plan) {
     w.work = at;
     at += align_up(size_t(w.work_columns) * sizeof(SplitWork));
   }
-  if (p.rotary_dim > 0 && p.has_q) {
+  if ((p.rotary_dim > 0 || p.fp8) && p.has_q) {
     w.q_rot = at;
-    at += align_up(rows * size_t(p.headdim) * dtype_size(p.dtype));
+    at += align_up(rows * size_t(p.headdim) * q_copy_elem_bytes(p));
   }
   w.total = at;
   return w;
@@ -243,12 +258,13 @@ CallParams call_params(const core::Problem& p, const Plan& plan, const Outputs& 
     ap.v_new = row_layout(*a.v, p.knew_packed);
     ap.num_heads_k = p.num_heads_k, ap.headdim = p.headdim, ap.headdim_v = p.headdim_v;
     ap.rotary = rotary_params(p);
+    if (p.fp8_cache) ap.k_descale = descale_view(a.k_descale), ap.v_descale = descale_view(a.v_descale);
     call.append_rows = p.knew_packed ? len.total_knew : p.seqlen_knew;
   }
 
   AttentionParams& at = call.attention;
   at = attention_params(p, plan, outputs, len, cache);
-  if (p.rotary_dim > 0 && uses_qk(p)) {  // a q the scores ignore is not rotated
+  if ((p.rotary_dim > 0 || p.fp8) && uses_qk(p)) {  // a q the scores ignore is not copied
     RotateQParams& rq = call.rotate_q_params;
     call.rotate_q = true;
     rq.len = len;
@@ -320,10 +336,25 @@ int rows_per_cta(const Plan& plan) {
   }
 }
 
+namespace {
+
+// fp8 runs kernels written without a GPU: off unless KVFLASH_CUDA_FP8=1 until the GPU runner has
+// validated them (tests/gpu/run.sh turns it on).
+bool fp8_opted_in() {
+  const char* v = std::getenv("KVFLASH_CUDA_FP8");
+  return v != nullptr && std::string(v) == "1";
+}
+
+}  // namespace
+
 void check_supported(const core::Problem& p, const Outputs& outputs) {
-  if (p.fp8) unsupported("q", "fp8 (e4m3) inputs are");
-  if (p.fp8_cache) unsupported("k_cache", "a 16-bit query over an fp8 (e4m3) KV cache is");
-  if (p.dtype != DType::bf16 && p.dtype != DType::f16) {
+  if ((p.fp8 || p.fp8_cache) && !fp8_opted_in()) {
+    unsupported("k_cache", "fp8 (e4m3) caches (opt-in until validated on a GPU: KVFLASH_CUDA_FP8=1) are");
+  }
+  // qv.v would need the V descale apart from q.k's K descale in one score sum (and the d_v 512
+  // kernels over fp8): not built.
+  if (p.fp8_cache && p.has_qv) unsupported("qv", "qv over an fp8 (e4m3) KV cache is");
+  if (p.dtype != DType::bf16 && p.dtype != DType::f16 && p.dtype != DType::e4m3) {
     unsupported("q", std::string("dtype ") + dtype_name(p.dtype) + " is");
   }
   if (p.headdim % core::kCudaHeadDimMultiple != 0 || p.headdim_v % core::kCudaHeadDimMultiple != 0) {

@@ -13,8 +13,8 @@
 
 namespace kvflash::cuda {
 
-// Workspace layout: [out partials | LSE partials | per-batch splits | split columns | rotated q],
-// 256-aligned.
+// Workspace layout: [out partials | LSE partials | per-batch splits | split columns | rotated q
+// (an fp8 q: converted to bf16, rotated or not)], 256-aligned.
 struct WorkspaceLayout {
   size_t out_partial = 0, lse_partial = 0, splits = 0, work = 0, q_rot = 0, total = 0;
   int work_columns = 0;  // split columns the prepare kernel lists (core::portable_split_columns)
@@ -47,7 +47,8 @@ CombineParams combine_params(const TensorView& out_partial, const TensorView& ls
 // Packed query rows one attention CTA of the plan's kernel takes.
 int rows_per_cta(const Plan& plan);
 
-// What the CUDA kernels support of a valid call (dtype, head dims, 16-byte rows).
+// What the CUDA kernels support of a valid call (dtype, head dims, 16-byte rows, no qv over an
+// fp8 cache).
 // Throws Error(unsupported) naming the argument.
 void check_supported(const core::Problem& p, const Outputs& outputs);
 // Every check that can refuse a call whose parameters are built: the kernels' grid limits

@@ -1,38 +1,61 @@
-// Appending new K/V rows into the cache (contract 5.2), with rotary on K, and rotating q into the
-// workspace. Positions come from the device lengths (lengths.cuh); a row whose position or page
-// is out of range is skipped, never written out of bounds.
+// Appending new K/V rows into the cache (contract 5.2), with rotary on K (quantised into an fp8
+// cache: 5.8), and rotating q into the workspace (an fp8 q converted to bf16 there, rotary or
+// not). Positions come from the device lengths (lengths.cuh); a row whose position or page is out
+// of range is skipped, never written out of bounds.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "cuda/ops/kernels.h"
+#include "cuda/common/fp8.cuh"
 #include "cuda/common/lengths.cuh"
 #include "cuda/common/mma.cuh"
 
 namespace kvflash::cuda {
 namespace {
 
-// Channel c of a row at rotary position `pos` (contract 5.2): pairs (2p, 2p+1) when interleaved,
-// (p, p + dim/2) otherwise; channels >= dim pass through. fp32 math, rounded once.
-template <class Elem>
-__device__ __forceinline__ Elem rotate_channel(const Elem* row, int c, int pos, const RotaryParams& r) {
+// Whether channel c at `pos` is rotated (else it keeps its bits in a cache of its own type).
+__device__ __forceinline__ bool rotated(int c, int pos, const RotaryParams& r) {
+  return c < r.dim && pos >= 0 && pos < r.rows;
+}
+
+// Channel c of a row at rotary position `pos` (contract 5.2), in fp32: pairs (2p, 2p+1) when
+// interleaved, (p, p + dim/2) otherwise; channels >= dim pass through. The tables are of the
+// row's type. The caller rounds once.
+template <class T>
+__device__ __forceinline__ float rotate_channel(const T* row, int c, int pos, const RotaryParams& r) {
   const float x = to_float(row[c]);
-  if (c >= r.dim || pos < 0 || pos >= r.rows) return row[c];
+  if (!rotated(c, pos, r)) return x;
   const int half = r.dim / 2;
   const bool first = r.interleaved ? (c % 2 == 0) : (c < half);
   const int pair = r.interleaved ? c / 2 : (first ? c : c - half);
   const int partner = r.interleaved ? (c ^ 1) : (first ? c + half : c - half);
   const int64_t at = int64_t(pos) * r.row_stride + int64_t(pair) * r.col_stride;
-  const float cs = to_float(static_cast<const Elem*>(r.cos)[at]);
-  const float sn = to_float(static_cast<const Elem*>(r.sin)[at]);
+  const float cs = to_float(static_cast<const T*>(r.cos)[at]);
+  const float sn = to_float(static_cast<const T*>(r.sin)[at]);
   const float y = to_float(row[partner]);
-  return from_float<Elem>(first ? x * cs - y * sn : y * sn + x * cs);
+  return first ? x * cs - y * sn : y * sn + x * cs;
 }
 
-template <class Elem>
+// Channel c of a new row into a cache of type Cache. Same type: the bits, or the rotated value
+// rounded once. A 16-bit row into an fp8 cache (contract 5.8): the (rotated) fp32 value divided
+// by the descale, in fp32, then rounded once to e4m3, saturating.
+template <class Src, class Cache>
+__device__ __forceinline__ Cache new_element(const Src* row, int c, int pos, const RotaryParams& r, float descale) {
+  if constexpr (std::is_same_v<Src, Cache>) {
+    return rotated(c, pos, r) ? from_float<Cache>(rotate_channel(row, c, pos, r)) : row[c];
+  } else {
+    return from_float<Cache>(rotate_channel(row, c, pos, r) / descale);
+  }
+}
+
+// V is never rotated (dim 0), K with the call's tables.
+template <class Src, class Cache>
 __global__ void append_kv_kernel(const AppendParams p) {
   const int b = blockIdx.y;
   const SeqLens seq = seq_lens(p.len, b);
-  const RotaryParams& rot = p.rotary;  // dim 0 without rotary
+  const RotaryParams no_rotary;
   const int64_t batch = p.len.cu_seqlens_k_new.data ? 0 : b;
   for (int t = blockIdx.x; t < seq.seqlen_knew; t += gridDim.x) {
     const int pos = seq.cache_seqlen + t;
@@ -43,20 +66,23 @@ __global__ void append_kv_kernel(const AppendParams p) {
       const int rel = is_k ? e : e - p.num_heads_k * p.headdim;
       const int hk = rel / dim, c = rel - hk * dim;
       const RowLayout& src = is_k ? p.k_new : p.v_new;
-      const Elem* row = static_cast<const Elem*>(src.data) + batch * src.batch_stride +
-                        token * src.token_stride + hk * src.head_stride;
+      const Src* row = static_cast<const Src*>(src.data) + batch * src.batch_stride +
+                       token * src.token_stride + hk * src.head_stride;
       const int64_t off = is_k ? cache_offset(p.cache, seq.cache_row, pos, p.cache.k_row_stride,
                                               p.cache.k_pos_stride, p.cache.k_head_stride, hk)
                                : cache_offset(p.cache, seq.cache_row, pos, p.cache.v_row_stride,
                                               p.cache.v_pos_stride, p.cache.v_head_stride, hk);
       if (off < 0) continue;
-      Elem* dst = static_cast<Elem*>(is_k ? p.cache.k : p.cache.v) + off;
-      dst[c] = is_k ? rotate_channel(row, c, seq.rotary_start + t, rot) : row[c];
+      Cache* dst = static_cast<Cache*>(is_k ? p.cache.k : p.cache.v) + off;
+      const float descale = std::is_same_v<Src, Cache> ? 1.0f : descale_at(is_k ? p.k_descale : p.v_descale, b, hk);
+      dst[c] = new_element<Src, Cache>(row, c, seq.rotary_start + t, is_k ? p.rotary : no_rotary, descale);
     }
   }
 }
 
-template <class Elem>
+// q (of type Src) rotated into the workspace as Dst: a rotated channel is rounded to q's own type
+// first (as if q had been rotated in memory), then converted (exactly: e4m3 -> bf16).
+template <class Src, class Dst>
 __global__ void rotate_q_kernel(const RotateQParams p) {
   const int b = blockIdx.y;
   const SeqLens seq = seq_lens(p.len, b);
@@ -67,34 +93,41 @@ __global__ void rotate_q_kernel(const RotateQParams p) {
     const int pos = seq.rotary_start + (p.per_row ? i : 0);
     for (int e = threadIdx.x; e < p.num_heads * p.headdim; e += blockDim.x) {
       const int h = e / p.headdim, c = e - h * p.headdim;
-      const Elem* row = static_cast<const Elem*>(p.q.data) + batch * p.q.batch_stride +
-                        token * p.q.token_stride + h * p.q.head_stride;
-      Elem* dst = static_cast<Elem*>(p.q_rot.data) + batch * p.q_rot.batch_stride +
-                  token * p.q_rot.token_stride + h * p.q_rot.head_stride;
-      dst[c] = rotate_channel(row, c, pos, rot);
+      const Src* row = static_cast<const Src*>(p.q.data) + batch * p.q.batch_stride +
+                       token * p.q.token_stride + h * p.q.head_stride;
+      Dst* dst = static_cast<Dst*>(p.q_rot.data) + batch * p.q_rot.batch_stride +
+                 token * p.q_rot.token_stride + h * p.q_rot.head_stride;
+      const Src x = new_element<Src, Src>(row, c, pos, rot, 1.0f);
+      if constexpr (std::is_same_v<Src, Dst>) dst[c] = x;
+      else dst[c] = from_float<Dst>(to_float(x));
     }
   }
 }
 
 }  // namespace
 
-template <class Elem>
+template <class Src, class Cache>
 void launch_append_kv(const AppendParams& p, int max_new_rows, cudaStream_t stream) {
   if (p.len.batch == 0 || max_new_rows <= 0) return;
   const dim3 grid(max_new_rows < 512 ? max_new_rows : 512, p.len.batch);
-  append_kv_kernel<Elem><<<grid, 128, 0, stream>>>(p);
+  append_kv_kernel<Src, Cache><<<grid, 128, 0, stream>>>(p);
 }
 
-template <class Elem>
+template <class Src, class Dst>
 void launch_rotate_q(const RotateQParams& p, cudaStream_t stream) {
   if (p.len.batch == 0 || p.len.seqlen_q <= 0) return;
   const dim3 grid(p.len.seqlen_q < 512 ? p.len.seqlen_q : 512, p.len.batch);
-  rotate_q_kernel<Elem><<<grid, 128, 0, stream>>>(p);
+  rotate_q_kernel<Src, Dst><<<grid, 128, 0, stream>>>(p);
 }
 
-template void launch_append_kv<__nv_bfloat16>(const AppendParams&, int, cudaStream_t);
-template void launch_append_kv<__half>(const AppendParams&, int, cudaStream_t);
-template void launch_rotate_q<__nv_bfloat16>(const RotateQParams&, cudaStream_t);
-template void launch_rotate_q<__half>(const RotateQParams&, cudaStream_t);
+// 16-bit over 16-bit, a 16-bit query over an fp8 cache, fp8 over fp8 (q into bf16).
+template void launch_append_kv<__nv_bfloat16, __nv_bfloat16>(const AppendParams&, int, cudaStream_t);
+template void launch_append_kv<__half, __half>(const AppendParams&, int, cudaStream_t);
+template void launch_append_kv<__nv_bfloat16, e4m3>(const AppendParams&, int, cudaStream_t);
+template void launch_append_kv<__half, e4m3>(const AppendParams&, int, cudaStream_t);
+template void launch_append_kv<e4m3, e4m3>(const AppendParams&, int, cudaStream_t);
+template void launch_rotate_q<__nv_bfloat16, __nv_bfloat16>(const RotateQParams&, cudaStream_t);
+template void launch_rotate_q<__half, __half>(const RotateQParams&, cudaStream_t);
+template void launch_rotate_q<e4m3, __nv_bfloat16>(const RotateQParams&, cudaStream_t);
 
 }  // namespace kvflash::cuda

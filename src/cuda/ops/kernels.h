@@ -9,11 +9,14 @@
 
 namespace kvflash::cuda {
 
-// append_kv.cu: new K/V rows (K rotated when rotary is on) into the cache at cache_seqlens[b] + t.
-template <class Elem>
+// append_kv.cu: new K/V rows of type Src (K rotated when rotary is on) into a cache of type Cache
+// at cache_seqlens[b] + t: a 16-bit cache of Src's type, or an fp8 e4m3 cache (quantised, contract
+// 5.8, or bit copies from fp8 rows).
+template <class Src, class Cache>
 void launch_append_kv(const AppendParams& p, int max_new_rows, cudaStream_t stream);
-// append_kv.cu: q rotated (contract 5.2) into a workspace copy the attention kernel reads.
-template <class Elem>
+// append_kv.cu: q of type Src rotated (contract 5.2) into a workspace copy of type Dst the
+// attention kernel reads (Src itself, or bf16 for an fp8 q).
+template <class Src, class Dst>
 void launch_rotate_q(const RotateQParams& p, cudaStream_t stream);
 
 // combine.cu: split partials into out (of out_type) and LSE.

@@ -15,6 +15,9 @@
 // would take 64 registers per 8-row tile next to the 128 of the accumulators). Without q.k
 // (only_qv: headdim 0) K and q are neither read nor multiplied.
 //
+// Over an fp8 cache (E4m3Cache rows) K / V chunks are converted into the query's type on their way
+// to shared memory (common/fp8.cuh load_chunk) and the descales scale the scores and the output.
+//
 // Loads are cp.async with zero fill, as in the prefill kernel: rows outside the CTA's keys, at a
 // bad page id or past the real head dim are never read, and masked scores are -inf before the
 // exponent, so NaN in unused cache slots cannot reach the output.
@@ -27,16 +30,20 @@
 
 #include "core/mask.h"
 #include "cuda/common/cta_work.cuh"
+#include "cuda/common/fp8.cuh"
 #include "cuda/common/lengths.cuh"
 #include "cuda/common/mma.cuh"
 #include "cuda/common/params.h"
 
 namespace kvflash::cuda {
 
-// kRowTiles: 8-row mma N tiles of packed query rows (1: up to 8 rows, 2: up to 16).
-template <class Elem_, int kHeadDim_, int kHeadDimV_, int kRowTiles_>
+// kRowTiles: 8-row mma N tiles of packed query rows (1: up to 8 rows, 2: up to 16). Row: the
+// query's 16-bit type, or E4m3Cache<it> over an fp8 cache (common/fp8.cuh).
+template <class Row, int kHeadDim_, int kHeadDimV_, int kRowTiles_>
 struct DecodeTraits {
-  using Elem = Elem_;
+  using Elem = typename RowTypes<Row>::Query;   // q, shared-memory tiles, mma, out
+  using Cache = typename RowTypes<Row>::Cache;  // k_cache / v_cache elements
+  static constexpr bool kFp8Cache = !std::is_same_v<Elem, Cache>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kRowTiles = kRowTiles_;
@@ -83,6 +90,7 @@ struct alignas(16) RowOffsets {
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(const AttentionParams p) {
   using Elem = typename T::Elem;
+  using Cache = typename T::Cache;
   constexpr int kRT = T::kRowTiles;
   constexpr int kKSteps = T::kHeadDim / 16;   // mma K steps of S^T = K Q^T
   constexpr int kDvTiles = T::kHeadDimV / 16;  // mma M tiles of O^T = V^T P^T
@@ -161,8 +169,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
   Elem* sK = reinterpret_cast<Elem*>(smem_raw + warp * T::kWarpBytes);
   Elem* sV = sK + T::kStages * T::kKStageElems;
   auto* sRows = reinterpret_cast<RowOffsets*>(sV + T::kStages * T::kVStageElems);  // [kStages][kStepKeys]
-  const Elem* k_base = static_cast<const Elem*>(p.cache.k);
-  const Elem* v_base = static_cast<const Elem*>(p.cache.v);
+  const Cache* k_base = static_cast<const Cache*>(p.cache.k);
+  const Cache* v_base = static_cast<const Cache*>(p.cache.v);
 
   const int n_steps = (range.hi - range.lo + T::kStepKeys - 1) / T::kStepKeys;
   const int my_steps = warp < n_steps ? (n_steps - warp + T::kWarps - 1) / T::kWarps : 0;
@@ -184,7 +192,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
   };
   // The step in `stage`, rows from its offsets: copy e of the warp takes chunk e % kChunks of row
   // e / kChunks, so every copy instruction reads whole rows (full 128-byte lines).
-  auto copy_rows = [&](Elem* dst, const Elem* base, const RowOffsets* rows, bool is_v, auto chunks_c, int stride,
+  auto copy_rows = [&](Elem* dst, const Cache* base, const RowOffsets* rows, bool is_v, auto chunks_c, int stride,
                        int valid_chunks) {
     constexpr int kChunks = decltype(chunks_c)::value;
 #pragma unroll
@@ -193,7 +201,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
       const int r = e / kChunks, c = e % kChunks;
       const int64_t offset = is_v ? rows[r].v : rows[r].k;
       const bool ok = offset >= 0 && c < valid_chunks;
-      cp_async_16(smem_addr(dst + r * stride + c * 8), base + (ok ? offset + c * 8 : 0), ok);
+      load_chunk(dst + r * stride + c * 8, base + (ok ? offset + c * 8 : 0), ok);
     }
   };
   auto copy_step = [&](int stage) {
@@ -204,7 +212,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
               T::kVStride, p.headdim_v / 8);
   };
 
-  const ScoreScale scale(p);
+  const Fp8Descales descales = T::kFp8Cache ? Fp8Descales(p, start.col.b, hk) : Fp8Descales();
+  const ScoreScale scale(p, descales.qk);
   const float exp_scale = scale.exp_scale;
   float o_acc[kRT][kDvTiles][4];  // O^T: dims 16 mt + g (entries 0, 1) and + 8 (2, 3); rows 2t, 2t + 1
   float row_max[kRT][2], row_sum[kRT][2];  // max in log2 units; sums over this lane's keys only
@@ -397,7 +406,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
         if (w == warp) my_scale = sc;
       }
       const bool nonempty = l > 0.0f && m != -INFINITY;
-      const float factor = nonempty ? my_scale / l : 0.0f;
+      const float factor = nonempty ? my_scale / l * descales.v : 0.0f;
       if (warp == 0 && g == 0) sLse[r] = nonempty ? (m + log2f(l)) * kLn2 : -INFINITY;
       float* o_row = sO + (warp * T::kRows + r) * T::kOStride + g;
 #pragma unroll

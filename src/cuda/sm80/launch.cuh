@@ -37,20 +37,20 @@ void launch_prefill(const AttentionParams& p, bool overlap_previous, cudaStream_
 }
 
 // The two-tile decode CTA is compiled only for head dims the rule gives it to.
-template <class Elem, int kHeadDim, int kHeadDimV>
+template <class Row, int kHeadDim, int kHeadDimV>
 void launch_sm80_attention(const AttentionParams& p, KernelShape shape, bool overlap_previous,
                            cudaStream_t stream) {
   constexpr bool kTwoTiles =
       core::sm80_shape(16, core::InstanceDims{kHeadDim, kHeadDimV}) == KernelShape::decode_16;
   if (shape == KernelShape::prefill) {
-    return launch_prefill<PrefillTraits<Elem, kHeadDim, kHeadDimV>>(p, overlap_previous, stream);
+    return launch_prefill<PrefillTraits<Row, kHeadDim, kHeadDimV>>(p, overlap_previous, stream);
   }
   if constexpr (kTwoTiles) {
     if (shape == KernelShape::decode_16) {
-      return launch_decode<DecodeTraits<Elem, kHeadDim, kHeadDimV, 2>>(p, overlap_previous, stream);
+      return launch_decode<DecodeTraits<Row, kHeadDim, kHeadDimV, 2>>(p, overlap_previous, stream);
     }
   }
-  launch_decode<DecodeTraits<Elem, kHeadDim, kHeadDimV, 1>>(p, overlap_previous, stream);
+  launch_decode<DecodeTraits<Row, kHeadDim, kHeadDimV, 1>>(p, overlap_previous, stream);
 }
 
 }  // namespace kvflash::cuda

@@ -13,6 +13,9 @@
 // add QV V^T: QV's tile beside Q's, V's tile read as K's; without q.k (only_qv: headdim 0) Q and K
 // are neither read nor multiplied.
 //
+// Over an fp8 cache (E4m3Cache rows) K / V chunks are converted into the query's type on their way
+// to shared memory (common/fp8.cuh load_chunk) and the descales scale the scores and the output.
+//
 // Loads are cp.async with zero fill: K / V rows outside the CTA's key range, at a bad page id or
 // beyond the real head dim are never read, so NaN in unused cache slots cannot reach the output,
 // and masked scores are selected to -inf before the exponent.
@@ -26,6 +29,7 @@
 #include "core/mask.h"
 #include "core/tile_size.h"
 #include "cuda/common/cta_work.cuh"
+#include "cuda/common/fp8.cuh"
 #include "cuda/common/lengths.cuh"
 #include "cuda/common/mma.cuh"
 #include "cuda/common/params.h"
@@ -34,10 +38,13 @@ namespace kvflash::cuda {
 
 // kMTiles: m16 tiles (16 query rows each) per warp. Two let every K / V fragment read from shared
 // memory feed two mma instead of one, halving shared-memory traffic per mma (FA2's layout).
-template <class Elem_, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kMinBlocks_,
+// Row: the query's 16-bit type, or E4m3Cache<it> over an fp8 cache (common/fp8.cuh).
+template <class Row, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kMinBlocks_,
           int kMTiles_, int kWarpsV_>
 struct AttentionTraits {
-  using Elem = Elem_;
+  using Elem = typename RowTypes<Row>::Query;   // q, shared-memory tiles, mma, out
+  using Cache = typename RowTypes<Row>::Cache;  // k_cache / v_cache elements
+  static constexpr bool kFp8Cache = !std::is_same_v<Elem, Cache>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kBlockM = kBlockM_;
@@ -79,16 +86,16 @@ struct AttentionTraits {
 };
 
 // Where a tile row comes from: a valid global address, and whether to copy it (else zero fill,
-// reading nothing from the address).
-template <class Elem>
+// reading nothing from the address). Src: the tensor's element (an fp8 cache's, converted on load).
+template <class Src>
 struct alignas(16) RowSource {
-  const Elem* ptr;
+  const Src* ptr;
   int valid;
 };
 
-// Rows [0, rows) x chunks of 8 elements of one tile, global -> shared. row_src(r) gives the
-// RowSource of row r; chunks at or past `valid_chunks` are zero (and read at the row's start, a
-// valid address, so no copy is handed an address past its tensor).
+// Rows [0, rows) x chunks of 8 elements of one tile, global -> shared (common/fp8.cuh load_chunk).
+// row_src(r) gives the RowSource of row r; chunks at or past `valid_chunks` are zero (and read at
+// the row's start, a valid address, so no copy is handed an address past its tensor).
 template <int kRows, int kDim, int kStride, int kThreads, class Elem, class RowSrc>
 __device__ __forceinline__ void load_tile(Elem* smem, int valid_chunks, RowSrc row_src) {
   constexpr int kChunks = kDim / 8;
@@ -106,14 +113,15 @@ __device__ __forceinline__ void load_tile(Elem* smem, int valid_chunks, RowSrc r
     const int r = kFixedChunk ? tid / kChunks + it * (kThreads / kChunks) : e / kChunks;
     const int c = kFixedChunk ? tid % kChunks : e - r * kChunks;
     const bool chunk_ok = c < valid_chunks;
-    const RowSource<Elem> row = row_src(r);
-    cp_async_16(smem_addr(smem + r * kStride + c * 8), row.ptr + (chunk_ok ? c * 8 : 0), chunk_ok && row.valid);
+    const auto row = row_src(r);
+    load_chunk(smem + r * kStride + c * 8, row.ptr + (chunk_ok ? c * 8 : 0), chunk_ok && row.valid);
   }
 }
 
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(const AttentionParams p) {
   using Elem = typename T::Elem;
+  using Cache = typename T::Cache;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
   Elem* sQv = sQ + T::kBlockM * T::kQStride;             // [kBlockM][kVStride] (kTakesQv)
@@ -123,7 +131,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
   const int stats_offset = T::kTileBytes > T::kEpilogueBytes ? T::kTileBytes : T::kEpilogueBytes;
   float* sLse = reinterpret_cast<float*>(smem_raw + stats_offset);  // [kBlockM]
   int2* sRowKeys = reinterpret_cast<int2*>(sLse + T::kBlockM);       // [kBlockM]
-  auto* sRowK = reinterpret_cast<RowSource<Elem>*>(smem_raw + stats_offset + T::kStatsBytes);  // [2][kBlockN]
+  auto* sRowK = reinterpret_cast<RowSource<Cache>*>(smem_raw + stats_offset + T::kStatsBytes);  // [2][kBlockN]
   auto* sRowV = sRowK + 2 * T::kBlockN;                                                      // [2][kBlockN]
 
   // Last query block first: with causal masks it has the most keys, and launching the longest
@@ -187,8 +195,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
     }
   }
 
-  const Elem* k_base = static_cast<const Elem*>(p.cache.k);
-  const Elem* v_base = static_cast<const Elem*>(p.cache.v);
+  const Cache* k_base = static_cast<const Cache*>(p.cache.k);
+  const Cache* v_base = static_cast<const Cache*>(p.cache.v);
   // Row sources of key block n0 into slot `slot` (zero fill: outside the CTA's keys or a bad page).
   auto fill_row_sources = [&](int n0, int slot) {
     for (int r = threadIdx.x; r < T::kBlockN; r += T::kThreads) {
@@ -198,13 +206,13 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
       const bool ok = j >= n_lo && j < n_hi &&
                       cache_location(p.cache, seq.cache_row, seq.leftpad + j, unit, pos_in_unit);
       sRowK[slot * T::kBlockN + r] =
-          ok ? RowSource<Elem>{k_base + unit * p.cache.k_row_stride + pos_in_unit * p.cache.k_pos_stride +
-                                   hk * p.cache.k_head_stride, true}
-             : RowSource<Elem>{k_base, false};
+          ok ? RowSource<Cache>{k_base + unit * p.cache.k_row_stride + pos_in_unit * p.cache.k_pos_stride +
+                                    hk * p.cache.k_head_stride, true}
+             : RowSource<Cache>{k_base, false};
       sRowV[slot * T::kBlockN + r] =
-          ok ? RowSource<Elem>{v_base + unit * p.cache.v_row_stride + pos_in_unit * p.cache.v_pos_stride +
-                                   hk * p.cache.v_head_stride, true}
-             : RowSource<Elem>{v_base, false};
+          ok ? RowSource<Cache>{v_base + unit * p.cache.v_row_stride + pos_in_unit * p.cache.v_pos_stride +
+                                    hk * p.cache.v_head_stride, true}
+             : RowSource<Cache>{v_base, false};
     }
   };
   auto load_k = [&](int stage, int slot) {
@@ -216,7 +224,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
         sV + stage * T::kBlockN * T::kVStride, p.headdim_v / 8, [&](int r) { return sRowV[slot * T::kBlockN + r]; });
   };
 
-  const ScoreScale scale(p);
+  const Fp8Descales descales = T::kFp8Cache ? Fp8Descales(p, start.col.b, hk) : Fp8Descales();
+  const ScoreScale scale(p, descales.qk);
   const float exp_scale = scale.exp_scale;
 
   constexpr int kNTiles = T::kBlockN / 8;
@@ -412,14 +421,20 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
       // One barrier per block: this block (and Q) landed for every warp, and every warp is done
       // with the previous block, whose tile stage is refilled next.
       __syncthreads();
-      if (n0 + T::kBlockN < n_hi) {  // the next block loads while this one is used
-        load_k(stage ^ 1, stage ^ 1);
-        load_v(stage ^ 1, stage ^ 1);
-      }
+      const auto load_next = [&] {  // the next block loads while this one is used
+        if (n0 + T::kBlockN < n_hi) {
+          load_k(stage ^ 1, stage ^ 1);
+          load_v(stage ^ 1, stage ^ 1);
+        }
+      };
+      // An fp8 cache's loads are synchronous (converted on their way, fp8.cuh): after this block's
+      // math, whose score registers are free by then (before it, d 128 spills on sm_90a).
+      if constexpr (!T::kFp8Cache) load_next();
       cp_async_commit();
       scores(stage);
       online_softmax(n0);
       accumulate(stage);
+      if constexpr (T::kFp8Cache) load_next();
       // This slot's block was loaded before the barrier; the next barrier orders this write
       // before the loads that read it.
       fill_row_sources(n0 + 2 * T::kBlockN, stage);
@@ -465,7 +480,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_kernel(c
     float keys_scale = 1.0f;  // of the keys' state, when the sink raises the maximum
     if (add_sink) keys_scale = fold_sink(sink_log2(p, hk, min(row0 + r, packed_rows - 1)), m, l);
     const bool nonempty = l > 0.0f && m != -INFINITY;
-    const float factor = nonempty ? keys_scale / l : 0.0f;
+    const float factor = nonempty ? keys_scale / l * descales.v : 0.0f;
     if (t == 0 && wv == 0) sLse[r] = nonempty ? (m + log2f(l)) * kLn2 : -INFINITY;
     float* o_row = sO + r * T::kOStride + 2 * t + wv * T::kSliceV;
 #pragma unroll
@@ -497,9 +512,9 @@ constexpr int prefill_m_tiles(int headdim, int headdim_v) {
 constexpr int prefill_min_blocks(int headdim, int headdim_v) {
   return prefill_two_m_tiles(headdim, headdim_v) ? 2 : 1;
 }
-template <class Elem, int kHeadDim, int kHeadDimV,
+template <class Row, int kHeadDim, int kHeadDimV,
           core::TileSize kTile = core::tile_size_sm80(core::TileInputs{kHeadDim, kHeadDimV})>
-using PrefillTraits = AttentionTraits<Elem, kHeadDim, kHeadDimV, kTile.block_m, kTile.block_n,
+using PrefillTraits = AttentionTraits<Row, kHeadDim, kHeadDimV, kTile.block_m, kTile.block_n,
                                       prefill_min_blocks(kHeadDim, kHeadDimV),
                                       prefill_m_tiles(kHeadDim, kHeadDimV), prefill_warps_v(kHeadDimV)>;
 
