@@ -219,8 +219,16 @@ constexpr int64_t kPortablePartialBytes = 64ll << 20;
 
 int64_t padded_partial_cap(const PlanKey& key) {
   if (key.varlen_q) return kMaxHeuristicSplits;  // rows unknown until the call: no cap
-  const int64_t split_bytes = int64_t{key.batch} * key.max_seqlen_q * key.num_heads * key.headdim_v * 4;
-  return std::max<int64_t>(1, kPortablePartialBytes / std::max<int64_t>(1, split_bytes));
+  // One split's bytes, batch x max_seqlen_q x heads x d_v x 4, stopping once past the budget
+  // (a key from scheduler metadata may hold any sizes: the full product can overflow).
+  int64_t split_bytes = 4;
+  for (int64_t factor : {int64_t{key.batch}, int64_t{key.max_seqlen_q}, int64_t{key.num_heads},
+                         int64_t{key.headdim_v}}) {
+    if (factor <= 0) return kMaxHeuristicSplits;  // no rows: nothing to cap
+    if (split_bytes > kPortablePartialBytes / factor) return 1;
+    split_bytes *= factor;
+  }
+  return std::max<int64_t>(1, kPortablePartialBytes / split_bytes);
 }
 
 int portable_num_splits(const PlanKey& key, KernelFamily family, int64_t n_blocks, int64_t m_blocks) {

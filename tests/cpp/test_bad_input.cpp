@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/heuristics.h"
 #include "cpp/bad_calls.h"
 
 namespace kvflash::testing {
@@ -129,6 +130,16 @@ TEST(FuzzFindings, PlanFromFa3RefusesAKeyNoCallHas) {
   key.num_heads_k = 1;
   key.num_sms = 2147483642;  // num_splits_heuristic computed 2 * num_sms
   EXPECT_THROW(Plan::from_fa3(words.data(), words.size(), key), Error);
+}
+
+// A plan key of the largest sizes check_key_ranges admits: the portable rule's partial-buffer cap
+// multiplied batch x max_seqlen_q x heads x d_v in int64 (signed overflow, fuzz_plan).
+TEST(FuzzFindings, PortableSplitCapOfHugeKeys) {
+  PlanKey key;
+  key.batch = 2, key.max_seqlen_q = INT32_MAX, key.max_seqlen_k = 8192;
+  key.num_heads = INT32_MAX, key.num_heads_k = 1, key.headdim = key.headdim_v = 128;
+  key.dtype = DType::bf16, key.num_sms = 132, key.arch = 80;
+  EXPECT_EQ(core::static_plan(key).num_splits, 1);
 }
 
 TEST(FuzzFindings, SchedulerMetadataLengthsPastTheCapacity) {
