@@ -1,12 +1,12 @@
 #include "core/heuristics.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <string>
 
+#include "core/env_switch.h"
 #include "core/split_rule.h"
 #include "core/validate.h"
 #include "kvflash/errors.h"
@@ -139,27 +139,6 @@ int planned_num_splits(const PlanKey& key, KernelFamily family, const MaskShape&
 
 }  // namespace
 
-// KVFLASH_SM90=0 keeps the planner off the Hopper family (to compare with, or fall back to, the
-// portable kernels on sm_90).
-bool sm90_allowed() {
-  const char* v = std::getenv("KVFLASH_SM90");
-  return v == nullptr || std::string(v) != "0";
-}
-
-// KVFLASH_SM90_MLA=1 sends MLA decode calls to the sm90_mla kernel (opt-in until validated on a
-// GPU: tests/gpu/run.sh sets it).
-bool sm90_mla_allowed() {
-  const char* v = std::getenv("KVFLASH_SM90_MLA");
-  return v != nullptr && std::string(v) == "1";
-}
-
-// Pages smaller than a key block go to the sm90 family unless KVFLASH_SM90_SMALL_PAGES=0 (validated
-// on the H200 in session 7; the switch keeps the portable path one variable away, like KVFLASH_SM90).
-bool sm90_small_pages_allowed() {
-  const char* v = std::getenv("KVFLASH_SM90_SMALL_PAGES");
-  return v == nullptr || std::string(v) != "0";
-}
-
 FamilyInputs family_inputs(const PlanKey& key) {
   FamilyInputs in;
   in.arch = key.arch;
@@ -170,11 +149,16 @@ FamilyInputs family_inputs(const PlanKey& key) {
   in.max_seqlen_q = key.max_seqlen_q;
   in.page_size = key.page_size;
   in.has_leftpad = key.has_leftpad;
-  // The environment is read only where it decides.
-  in.sm90_enabled = key.arch == 90 && sm90_allowed();
-  in.sm90_small_pages = key.arch == 90 && sm90_small_pages_allowed();
   in.has_qv = key.has_qv;
-  in.sm90_mla = key.arch == 90 && sm90_mla_allowed();
+  // The switches (core/env_switch.h), read only on sm_90 where they decide: KVFLASH_SM90=0 keeps
+  // every call on the portable kernels (to compare with, or fall back to); KVFLASH_SM90_SMALL_PAGES=0
+  // sends pages smaller than a key block back to them (on since session 7's H200 run);
+  // KVFLASH_SM90_MLA=1 sends MLA decode calls to the sm90_mla kernel (opt-in until validated on a
+  // GPU: tests/gpu/run.sh sets it).
+  const bool sm90 = key.arch == 90;
+  in.sm90_enabled = sm90 && env_switch("KVFLASH_SM90", true);
+  in.sm90_small_pages = sm90 && env_switch("KVFLASH_SM90_SMALL_PAGES", true);
+  in.sm90_mla = sm90 && env_switch("KVFLASH_SM90_MLA", false);
   // The sm90 kernels run one split: a call that asks for more, or that the plan would split at
   // the sm90 tile (FA3's rule, or batch-invariant mode's), stays on the sm80 family.
   if (key.num_splits <= 1 && key.arch == 90) {

@@ -22,6 +22,7 @@
 #include "kvflash/errors.h"
 #include "kvflash/kvflash.h"
 #include "oracle/random_case.h"
+#include "cpp/scoped_env.h"
 
 namespace kvflash {
 namespace {
@@ -66,29 +67,9 @@ bool cuda_supports(const core::Problem& p, const Outputs& outputs) {
   }
 }
 
-// KVFLASH_SM90=0 for one test's scope (the planner reads it at every plan).
-struct Sm90OptOut {
-  Sm90OptOut() { setenv("KVFLASH_SM90", "0", 1); }
-  ~Sm90OptOut() { unsetenv("KVFLASH_SM90"); }
-};
-
-// KVFLASH_SM90_SMALL_PAGES=0 for one test's scope (pages below a key block back on sm80).
-struct Sm90SmallPagesOff {
-  Sm90SmallPagesOff() { setenv("KVFLASH_SM90_SMALL_PAGES", "0", 1); }
-  ~Sm90SmallPagesOff() { unsetenv("KVFLASH_SM90_SMALL_PAGES"); }
-};
-
-// KVFLASH_CUDA_FP8=1 for one test's scope (fp8 on CUDA, opt-in until validated on a GPU).
-struct CudaFp8 {
-  CudaFp8() { setenv("KVFLASH_CUDA_FP8", "1", 1); }
-  ~CudaFp8() { unsetenv("KVFLASH_CUDA_FP8"); }
-};
-
-// KVFLASH_SM90_MLA=1 for one test's scope (the sm90_mla kernel, opt-in).
-struct Sm90Mla {
-  Sm90Mla() { setenv("KVFLASH_SM90_MLA", "1", 1); }
-  ~Sm90Mla() { unsetenv("KVFLASH_SM90_MLA"); }
-};
+// The library's switches (KVFLASH_SM90, _SM90_SMALL_PAGES, _SM90_MLA, _CUDA_FP8) are read at every
+// plan / call, so a test sets one for its own scope.
+using testing::ScopedEnv;
 
 // What the dispatcher must launch for a call, from the call's own values (as the kernels see
 // them: packed rows = s_q x group), and what the Plan says, agree on every random case for every
@@ -96,8 +77,8 @@ struct Sm90Mla {
 // rows per CTA are the kernel's.
 TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
   const int archs[] = {80, 86, 89, 90, 100, 120};
-  const Sm90Mla mla_kernel;  // the GPU runner's settings (tests/gpu/run.sh)
-  const CudaFp8 fp8_on;
+  const ScopedEnv mla_kernel("KVFLASH_SM90_MLA", "1");  // the GPU runner's settings (tests/gpu/run.sh)
+  const ScopedEnv fp8_on("KVFLASH_CUDA_FP8", "1");
   int checked = 0, sm90 = 0, sm90_small_pages = 0, sm90_mla = 0, fp8 = 0;
   std::set<std::tuple<int, int, int, int>> kernels;
   // The default draws, then prefill shapes (the sm90 family's head dims, >= 64 query rows), then
@@ -313,7 +294,7 @@ TEST(KernelFamily, Sm90MlaPlansMlaDecode) {
   const Plan portable = plan_of(key);
   EXPECT_EQ(portable.kernel.family, KernelFamily::sm80);
   EXPECT_EQ(portable.num_splits_dynamic, std::vector<int32_t>(64, 13));
-  const Sm90Mla on;
+  const ScopedEnv on("KVFLASH_SM90_MLA", "1");
   const Plan plan = plan_of(key);
   EXPECT_EQ(plan.kernel, (KernelChoice{KernelFamily::sm90_mla, KernelShape::mla_decode, 64, 512}));
   EXPECT_EQ(plan.block_m, 64);
@@ -354,7 +335,7 @@ TEST(KernelFamily, Sm90MlaPlansMlaDecode) {
   other = key;
   other.has_qv = false;
   EXPECT_EQ(core::static_plan(other).kernel.family, KernelFamily::sm80);
-  const Sm90OptOut off;
+  const ScopedEnv off("KVFLASH_SM90", "0");
   EXPECT_EQ(core::static_plan(key).kernel.family, KernelFamily::sm80);
 }
 
@@ -411,7 +392,7 @@ TEST(KernelFamily, Sm90PlansPagedPrefill) {
   for (int page : {16, 64, 1, 3}) {
     EXPECT_EQ(family(page), page >= 16 ? KernelFamily::sm90 : KernelFamily::sm80) << page;
   }
-  const Sm90SmallPagesOff off;
+  const ScopedEnv off("KVFLASH_SM90_SMALL_PAGES", "0");
   for (int page : {16, 64}) EXPECT_EQ(family(page), KernelFamily::sm80) << page;
 }
 
@@ -423,7 +404,7 @@ TEST(KernelFamily, Sm90NeedsOneSplit) {
   EXPECT_EQ(core::static_plan(key).kernel.family, KernelFamily::sm90);
   EXPECT_EQ(core::static_plan(key).num_splits, 1);
   {
-    const Sm90OptOut off;
+    const ScopedEnv off("KVFLASH_SM90", "0");
     EXPECT_EQ(core::static_plan(key).kernel.family, KernelFamily::sm80);
   }
   PlanKey split = key;
@@ -625,7 +606,7 @@ struct Fp8DecodeCall : DecodeCall {
 // plans as e4m3). An fp8 q reaches the kernels as bf16 in the workspace (rotated or not); the
 // descales reach the kernels that read fp8.
 TEST(CudaParams, Fp8CallsRunOnThePortableKernels) {
-  const CudaFp8 fp8_on;
+  const ScopedEnv fp8_on("KVFLASH_CUDA_FP8", "1");
   for (DType q : {DType::bf16, DType::f16, DType::e4m3}) {
     for (bool rotary : {false, true}) {
       SCOPED_TRACE(std::string(dtype_name(q)) + (rotary ? " rotary" : ""));
@@ -712,7 +693,7 @@ TEST(KernelFamily, GpuRunnerFp8StepCoversTheContract) {
 // V descale apart from q.k's K descale within one score), by name, before anything is launched;
 // every other fp8 call of the random case space is taken.
 TEST(CudaParams, QvOverAnFp8CacheIsRefusedByName) {
-  const CudaFp8 fp8_on;
+  const ScopedEnv fp8_on("KVFLASH_CUDA_FP8", "1");
   int refused = 0, taken = 0;
   for (uint64_t seed = 1; seed <= 1500; ++seed) {
     oracle::Case c = oracle::make_random_case(seed);
@@ -755,7 +736,7 @@ TEST(CudaParams, Fp8IsOptInUntilValidated) {
     }
     EXPECT_EQ(error, "k_cache: fp8 (e4m3) caches (opt-in until validated on a GPU: KVFLASH_CUDA_FP8=1) are "
                      "not supported on CUDA yet");
-    const CudaFp8 fp8_on;
+    const ScopedEnv fp8_on("KVFLASH_CUDA_FP8", "1");
     EXPECT_NO_THROW(cuda::check_supported(p, call.outputs));
   }
 }

@@ -12,6 +12,7 @@
 #include "oracle/oracle.h"
 #include "oracle/parallel_for.h"
 #include "oracle/random_case.h"
+#include "cpp/scoped_env.h"
 
 namespace kvflash::oracle {
 namespace {
@@ -82,19 +83,7 @@ TEST(OracleThreads, AnyThreadCountGivesTheSerialBits) {
   for (uint64_t seed = 1; seed <= 3; ++seed) expect_thread_counts_agree(seed, prefill);
 }
 
-// Sets an environment variable for one scope, then restores the previous state.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() { old_.empty() ? unsetenv(name_) : setenv(name_, old_.c_str(), 1); }
-
- private:
-  const char* name_;
-  std::string old_;
-};
+using testing::ScopedEnv;
 
 TEST(OracleThreads, EnvironmentSetsTheDefault) {
   {

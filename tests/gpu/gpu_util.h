@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
-#include <string>
 #include <vector>
 
+#include "core/env_switch.h"
 #include "kvflash/args.h"
 #include "kvflash/tensor.h"
 
@@ -86,9 +86,8 @@ inline KvCacheArgs device_args(const KvCacheArgs& host, DeviceMirror& mirror) {
 // fp8 only with KVFLASH_CUDA_FP8=1 (opt-in until validated; tests/gpu/run.sh sets it).
 inline bool cuda_supports(const KvCacheArgs& a) {
   const DType cache = a.v_cache->dtype;
-  const char* fp8 = std::getenv("KVFLASH_CUDA_FP8");
-  const bool fp8_on = fp8 != nullptr && std::string(fp8) == "1";
-  return cache == DType::bf16 || cache == DType::f16 || (cache == DType::e4m3 && !a.qv && fp8_on);
+  return cache == DType::bf16 || cache == DType::f16 ||
+         (cache == DType::e4m3 && !a.qv && core::env_switch("KVFLASH_CUDA_FP8", false));
 }
 
 }  // namespace kvflash::gpu_test

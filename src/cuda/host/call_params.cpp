@@ -1,8 +1,8 @@
 #include "cuda/host/call_params.h"
 
-#include <cstdlib>
 #include <string>
 
+#include "core/env_switch.h"
 #include "core/heuristics.h"
 #include "core/limits.h"
 #include "core/split_rule.h"
@@ -336,19 +336,10 @@ int rows_per_cta(const Plan& plan) {
   }
 }
 
-namespace {
-
-// fp8 runs kernels written without a GPU: off unless KVFLASH_CUDA_FP8=1 until the GPU runner has
-// validated them (tests/gpu/run.sh turns it on).
-bool fp8_opted_in() {
-  const char* v = std::getenv("KVFLASH_CUDA_FP8");
-  return v != nullptr && std::string(v) == "1";
-}
-
-}  // namespace
-
 void check_supported(const core::Problem& p, const Outputs& outputs) {
-  if ((p.fp8 || p.fp8_cache) && !fp8_opted_in()) {
+  // fp8 runs kernels written without a GPU: off unless KVFLASH_CUDA_FP8=1 until the GPU runner has
+  // validated them (tests/gpu/run.sh turns it on).
+  if ((p.fp8 || p.fp8_cache) && !core::env_switch("KVFLASH_CUDA_FP8", false)) {
     unsupported("k_cache", "fp8 (e4m3) caches (opt-in until validated on a GPU: KVFLASH_CUDA_FP8=1) are");
   }
   // qv.v would need the V descale apart from q.k's K descale in one score sum (and the d_v 512
