@@ -357,13 +357,16 @@ uint32_t nan_bits(DType dtype) {
   }
 }
 
-std::vector<int64_t> padded_strides(const std::vector<int64_t>& shape, bool padded) {
+// Gaps of 8 elements, 16 for one-byte types: whole 16-byte chunks, so that a padded layout keeps
+// the row alignment the CUDA backend requires (a misaligned row is refused, a case of its own).
+std::vector<int64_t> padded_strides(const std::vector<int64_t>& shape, DType dtype, bool padded) {
+  const int64_t gap = dtype_size(dtype) == 1 ? 16 : 8;
   std::vector<int64_t> strides(shape.size());
   int64_t stride = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = stride;
     stride *= std::max<int64_t>(shape[i], 1);
-    if (padded) stride += 8 * (shape.size() - i);  // gaps after rows, heads, pages
+    if (padded) stride += gap * int64_t(shape.size() - i);  // gaps after rows, heads, pages
   }
   return strides;
 }
@@ -401,7 +404,7 @@ TensorView make_cache(Case& k, const Config& c, int64_t first_dim, int slots, in
   if (c.layout == CacheLayout::heads_outer) {  // physically (N, h_k, slots, dim)
     strides = {int64_t{c.heads_k} * slots * dim, dim, int64_t{slots} * dim, 1};
   } else {
-    strides = padded_strides(shape, c.layout == CacheLayout::padded);
+    strides = padded_strides(shape, c.cache_dtype, c.layout == CacheLayout::padded);
   }
   TensorView t = k.allocate(c.cache_dtype, shape, strides, false);
   const int64_t elements = (first_dim - 1) * strides[0] + (slots - 1) * strides[1] +
@@ -466,7 +469,7 @@ void fill_valid_slots(Rng& rng, const Config& c, const TensorView& cache, const 
 
 TensorView activations(Rng& rng, Case& k, const Config& c, std::vector<int64_t> shape, int dim, double magnitude) {
   shape.push_back(dim);
-  TensorView t = k.allocate(c.dtype, shape, padded_strides(shape, c.padded_inputs), true);
+  TensorView t = k.allocate(c.dtype, shape, padded_strides(shape, c.dtype, c.padded_inputs), true);
   fill_random(rng, t, magnitude);
   return t;
 }
