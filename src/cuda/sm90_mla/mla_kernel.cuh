@@ -93,8 +93,20 @@ struct MlaTraits {
 
 // Named barriers (past CUTLASS's reserved ones), both groups' 256 threads each: a key block is in
 // its stage (and the other stage and the P buffer are free), and group 0 has written a block's P
-// and rescale (group 0 arrives, group 1 waits).
+// and rescale.
 enum MlaBarrier : uint32_t { kMlaBlockReady = 1, kMlaPReady = 2 };
+
+// Both groups wait at each barrier, each from its own code: that takes the unaligned barrier.sync.
+// The aligned bar.sync (NamedBarrier::sync) promises that all the threads waiting on one barrier
+// run the same instruction; compute-sanitizer's synccheck reports the breach as divergent threads.
+// kMlaPReady was once group 0's bar.arrive against group 1's wait: racecheck then reported RAW
+// hazards across the epilogue's __syncthreads (group 1's sO writes, group 0's reads); with both
+// groups waiting it reports none, and group 0 rarely waits there (group 1 only issues the next
+// block's loads between the two barriers).
+template <class T>
+__device__ __forceinline__ void sync_groups(MlaBarrier barrier) {
+  cutlass::arch::NamedBarrier(T::kThreads, barrier).arrive_and_wait_unaligned();
+}
 
 // A descriptor fragment of stage 0 moved to `stage`.
 template <class T, class Frag>
@@ -200,7 +212,7 @@ __device__ __forceinline__ void score_group(const AttentionParams& p, typename T
 
   int stage = 0;
   for (int n = n_last; n >= n_first; --n, stage ^= 1) {
-    cutlass::arch::NamedBarrier::sync(T::kThreads, kMlaBlockReady);  // block n is in `stage`; P is free
+    sync_groups<T>(kMlaBlockReady);  // block n is in `stage`; P is free
     Tensor tSrS = partition_fragment_C(mma_s, select<0, 1>(typename T::TileS{}));
     if (with_rope) warpgroup_gemm<true, 0>(mma_s, tSrQ, at_stage<T>(tSrK, stage), tSrS);
     else warpgroup_gemm<true, 0, false, T::kLatent / 16>(mma_s, tSrQ, at_stage<T>(tSrK, stage), tSrS);
@@ -212,7 +224,7 @@ __device__ __forceinline__ void score_group(const AttentionParams& p, typename T
     for (int j = 0; j < int(sizeof(ss.p) / sizeof(ss.p[0])); ++j) ss.p[j][t] = p_chunks[j];
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) ss.alpha[r][t] = alpha[r];
-    cutlass::arch::NamedBarrier::arrive(T::kThreads, kMlaPReady);
+    sync_groups<T>(kMlaPReady);
     rescale_rows(tOrO, alpha);
     warpgroup_gemm<false, 0, true>(mma_o, rP, at_stage<T>(tOrV, stage), tOrO);
   }
@@ -252,13 +264,13 @@ __device__ __forceinline__ void load_group(const AttentionParams& p, typename T:
   for (int n = n_last; n >= n_first; --n, stage ^= 1) {
     cp_async_wait_all();
     cutlass::arch::fence_view_async_shared();  // cp.async's writes, then wgmma's reads
-    cutlass::arch::NamedBarrier::sync(T::kThreads, kMlaBlockReady);  // block n is in `stage`; `stage ^ 1` is free
+    sync_groups<T>(kMlaBlockReady);  // block n is in `stage`; `stage ^ 1` is free
     if (n > n_first) {
       copy_tile<T>(ss.k.data() + (stage ^ 1) * T::kTileElems, t, next, latent_dim, rope_dim, any_address);
       cp_async_commit();
       next = key_sources<T>(p, start, hk, n - 2, t);
     }
-    cutlass::arch::NamedBarrier::sync(T::kThreads, kMlaPReady);
+    sync_groups<T>(kMlaPReady);
     Tensor rP = make_tensor<E>(acc_as_a(s_layout));
     uint4* p_chunks = reinterpret_cast<uint4*>(raw_pointer_cast(rP.data()));
     CUTLASS_PRAGMA_UNROLL
