@@ -1,6 +1,6 @@
-// kvflash's on / off switches in the environment, read at each use (a user or a test may flip one
-// between calls). A switch on by default is off only when set to "0"; an opt-in one (kernels not
-// yet validated on a GPU) is on only when set to "1".
+// kvflash's off switches in the environment (KVFLASH_SM90, _SM90_SMALL_PAGES, _SM90_MLA: a kernel
+// family's calls back to the portable kernels, to compare with or to fall back to), read at each
+// use, so a user or a test may flip one between calls. A switch is on unless set to "0".
 #pragma once
 
 #include <cstdlib>
@@ -8,10 +8,9 @@
 
 namespace kvflash::core {
 
-inline bool env_switch(const char* name, bool default_on) {
+inline bool env_switch_on(const char* name) {
   const char* value = std::getenv(name);
-  if (value == nullptr) return default_on;
-  return default_on ? std::strcmp(value, "0") != 0 : std::strcmp(value, "1") == 0;
+  return value == nullptr || std::strcmp(value, "0") != 0;
 }
 
 }  // namespace kvflash::core

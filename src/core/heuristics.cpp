@@ -153,12 +153,12 @@ FamilyInputs family_inputs(const PlanKey& key) {
   // The switches (core/env_switch.h), read only on sm_90 where they decide: KVFLASH_SM90=0 keeps
   // every call on the portable kernels (to compare with, or fall back to); KVFLASH_SM90_SMALL_PAGES=0
   // sends pages smaller than a key block back to them (on since session 7's H200 run);
-  // KVFLASH_SM90_MLA=1 sends MLA decode calls to the sm90_mla kernel (opt-in until validated on a
-  // GPU: tests/gpu/run.sh sets it).
+  // KVFLASH_SM90_MLA=0 keeps MLA decode calls on the portable kernels (the sm90_mla kernel is on
+  // since session 10's H200 run).
   const bool sm90 = key.arch == 90;
-  in.sm90_enabled = sm90 && env_switch("KVFLASH_SM90", true);
-  in.sm90_small_pages = sm90 && env_switch("KVFLASH_SM90_SMALL_PAGES", true);
-  in.sm90_mla = sm90 && env_switch("KVFLASH_SM90_MLA", false);
+  in.sm90_enabled = sm90 && env_switch_on("KVFLASH_SM90");
+  in.sm90_small_pages = sm90 && env_switch_on("KVFLASH_SM90_SMALL_PAGES");
+  in.sm90_mla = sm90 && env_switch_on("KVFLASH_SM90_MLA");
   // The sm90 kernels run one split: a call that asks for more, or that the plan would split at
   // the sm90 tile (FA3's rule, or batch-invariant mode's), stays on the sm80 family.
   if (key.num_splits <= 1 && key.arch == 90) {

@@ -33,9 +33,8 @@ struct FamilyInputs {
   // (family_inputs()).
   bool sm90_small_pages = true;
   bool has_qv = false;      // qv given (MLA): the d_v 512 instantiation
-  // The sm90_mla kernel: off unless KVFLASH_SM90_MLA=1 (family_inputs()) until the GPU runner has
-  // validated it (written without a GPU).
-  bool sm90_mla = false;
+  // The sm90_mla kernel for MLA decode: on unless KVFLASH_SM90_MLA=0 (family_inputs()).
+  bool sm90_mla = true;
 };
 
 // Keys per block of the sm90 family's kernels at head dim d (src/cuda/sm90/prefill_kernel.cuh);

@@ -67,7 +67,7 @@ bool cuda_supports(const core::Problem& p, const Outputs& outputs) {
   }
 }
 
-// The library's switches (KVFLASH_SM90, _SM90_SMALL_PAGES, _SM90_MLA, _CUDA_FP8) are read at every
+// The library's switches (KVFLASH_SM90, _SM90_SMALL_PAGES, _SM90_MLA) are read at every
 // plan / call, so a test sets one for its own scope.
 using testing::ScopedEnv;
 
@@ -77,8 +77,6 @@ using testing::ScopedEnv;
 // rows per CTA are the kernel's.
 TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
   const int archs[] = {80, 86, 89, 90, 100, 120};
-  const ScopedEnv mla_kernel("KVFLASH_SM90_MLA", "1");  // the GPU runner's settings (tests/gpu/run.sh)
-  const ScopedEnv fp8_on("KVFLASH_CUDA_FP8", "1");
   int checked = 0, sm90 = 0, sm90_small_pages = 0, sm90_mla = 0, fp8 = 0;
   std::set<std::tuple<int, int, int, int>> kernels;
   // The default draws, then prefill shapes (the sm90 family's head dims, >= 64 query rows), then
@@ -259,7 +257,7 @@ TEST(KernelFamily, Sm90MlaRuleRow) {
     change(c);
     return core::kernel_family(c);
   };
-  EXPECT_EQ(with([](auto& c) { c.sm90_mla = false; }), KernelFamily::sm80);  // not opted in
+  EXPECT_EQ(with([](auto& c) { c.sm90_mla = false; }), KernelFamily::sm80);  // KVFLASH_SM90_MLA=0
   EXPECT_EQ(with([](auto& c) { c.sm90_enabled = false; }), KernelFamily::sm80);  // KVFLASH_SM90=0
   EXPECT_EQ(with([](auto& c) { c.arch = 100; }), KernelFamily::sm80);  // sm_90a code only
   EXPECT_EQ(with([](auto& c) { c.arch = 89; }), KernelFamily::sm80);
@@ -276,9 +274,9 @@ TEST(KernelFamily, Sm90MlaRuleRow) {
 }
 
 // The planner on an H200: SGLang's MLA decode (one KV head, 16 query heads, page 64) runs the
-// sm90_mla kernel only when opted in, at its 64 x 64 tile, packed; its splits count one CTA per
-// SM (b64 x 8192: 4 splits each, 256 CTAs on 132 SMs; the portable kernels count three per SM
-// with their 32-key blocks at d_v 512: 13 each).
+// sm90_mla kernel (unless KVFLASH_SM90_MLA=0) at its 64 x 64 tile, packed; its splits count one
+// CTA per SM (b64 x 8192: 4 splits each, 256 CTAs on 132 SMs; the portable kernels count three per
+// SM with their 32-key blocks at d_v 512: 13 each).
 TEST(KernelFamily, Sm90MlaPlansMlaDecode) {
   PlanKey raw;
   raw.batch = 64, raw.max_seqlen_q = 1, raw.max_seqlen_k = 8192, raw.page_size = 64;
@@ -291,10 +289,12 @@ TEST(KernelFamily, Sm90MlaPlansMlaDecode) {
     core::plan_batches(plan, lengths);
     return plan;
   };
-  const Plan portable = plan_of(key);
-  EXPECT_EQ(portable.kernel.family, KernelFamily::sm80);
-  EXPECT_EQ(portable.num_splits_dynamic, std::vector<int32_t>(64, 13));
-  const ScopedEnv on("KVFLASH_SM90_MLA", "1");
+  {
+    const ScopedEnv off("KVFLASH_SM90_MLA", "0");
+    const Plan portable = plan_of(key);
+    EXPECT_EQ(portable.kernel.family, KernelFamily::sm80);
+    EXPECT_EQ(portable.num_splits_dynamic, std::vector<int32_t>(64, 13));
+  }
   const Plan plan = plan_of(key);
   EXPECT_EQ(plan.kernel, (KernelChoice{KernelFamily::sm90_mla, KernelShape::mla_decode, 64, 512}));
   EXPECT_EQ(plan.block_m, 64);
@@ -606,7 +606,6 @@ struct Fp8DecodeCall : DecodeCall {
 // plans as e4m3). An fp8 q reaches the kernels as bf16 in the workspace (rotated or not); the
 // descales reach the kernels that read fp8.
 TEST(CudaParams, Fp8CallsRunOnThePortableKernels) {
-  const ScopedEnv fp8_on("KVFLASH_CUDA_FP8", "1");
   for (DType q : {DType::bf16, DType::f16, DType::e4m3}) {
     for (bool rotary : {false, true}) {
       SCOPED_TRACE(std::string(dtype_name(q)) + (rotary ? " rotary" : ""));
@@ -693,7 +692,6 @@ TEST(KernelFamily, GpuRunnerFp8StepCoversTheContract) {
 // V descale apart from q.k's K descale within one score), by name, before anything is launched;
 // every other fp8 call of the random case space is taken.
 TEST(CudaParams, QvOverAnFp8CacheIsRefusedByName) {
-  const ScopedEnv fp8_on("KVFLASH_CUDA_FP8", "1");
   int refused = 0, taken = 0;
   for (uint64_t seed = 1; seed <= 1500; ++seed) {
     oracle::Case c = oracle::make_random_case(seed);
@@ -719,26 +717,6 @@ TEST(CudaParams, QvOverAnFp8CacheIsRefusedByName) {
   }
   EXPECT_GT(refused, 10);
   EXPECT_GT(taken, 100);
-}
-
-// Until the GPU runner has validated them, fp8 calls run on CUDA only with KVFLASH_CUDA_FP8=1:
-// without it every fp8 form is refused by name, before anything is launched.
-TEST(CudaParams, Fp8IsOptInUntilValidated) {
-  for (DType q : {DType::bf16, DType::e4m3}) {
-    Fp8DecodeCall call(q, false);
-    const core::Problem p = call.problem();
-    std::string error;
-    try {
-      cuda::check_supported(p, call.outputs);
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::unsupported);
-      error = e.argument() + ": " + e.what();
-    }
-    EXPECT_EQ(error, "k_cache: fp8 (e4m3) caches (opt-in until validated on a GPU: KVFLASH_CUDA_FP8=1) are "
-                     "not supported on CUDA yet");
-    const ScopedEnv fp8_on("KVFLASH_CUDA_FP8", "1");
-    EXPECT_NO_THROW(cuda::check_supported(p, call.outputs));
-  }
 }
 
 void expect_refused(const cuda::CallParams& call, const Plan& plan, const std::string& argument,
@@ -823,10 +801,11 @@ struct MlaCall {
 
 // qv adds qv.v to the scores through the (64, 512) kernels; only_qv drops q.k: the kernels see
 // head dim 0 and read neither q nor K (without k_cache, K's addressing is V's, so every address
-// they form stays inside a tensor).
+// they form stays inside a tensor). (On sm_80: sm_90 plans MLA decode for the sm90_mla kernel,
+// KernelFamily.Sm90MlaPlansMlaDecode.)
 TEST(CudaParams, QvAndOnlyQv) {
   MlaCall call(2, 1, 16);
-  const core::Problem p = call.problem();
+  const core::Problem p = call.problem(80);
   EXPECT_NO_THROW(cuda::check_supported(p, call.outputs));
   const Plan plan = core::make_plan(p);
   EXPECT_EQ(plan.kernel, (KernelChoice{KernelFamily::sm80, KernelShape::decode_8, 64, 512}));
@@ -839,14 +818,14 @@ TEST(CudaParams, QvAndOnlyQv) {
   EXPECT_EQ(qv.attention.cache.k, call.k_cache.data());
 
   call.args.only_qv = true;  // q and k_cache given, ignored
-  const cuda::CallParams ignored = cuda::call_params(call.problem(), plan, call.outputs, nullptr);
+  const cuda::CallParams ignored = cuda::call_params(call.problem(80), plan, call.outputs, nullptr);
   EXPECT_EQ(ignored.attention.headdim, 0);
   EXPECT_EQ(ignored.attention.q.data, call.qv.data());
   EXPECT_EQ(ignored.attention.cache.k, call.k_cache.data());
 
   call.args.q.reset();
   call.args.k_cache.reset();
-  const core::Problem alone = call.problem();
+  const core::Problem alone = call.problem(80);
   EXPECT_NO_THROW(cuda::check_supported(alone, call.outputs));
   EXPECT_EQ(core::make_plan(alone).kernel.headdim_v, 512);
   const cuda::CallParams absent = cuda::call_params(alone, core::make_plan(alone), call.outputs, nullptr);
@@ -857,10 +836,11 @@ TEST(CudaParams, QvAndOnlyQv) {
 }
 
 // The d_v 512 prefill CTA takes 151 KB of shared memory: refused where a CTA may have less
-// (sm_86, sm_89, sm_120: 99 KB); its decode kernel (83 KB) runs on every sm80+ GPU.
+// (sm_86, sm_89, sm_120: 99 KB); its decode kernel (83 KB) runs on every sm80+ GPU. (sm_90 gives
+// these calls, <= 16 query tokens, to the sm90_mla kernel: KernelFamily.Sm90MlaPlansMlaDecode.)
 TEST(CudaParams, MlaPrefillNeedsLargeSharedMemory) {
   MlaCall prefill(1, 4, 16);  // 64 packed query rows
-  for (int arch : {80, 87, 90, 100, 103}) {
+  for (int arch : {80, 87, 100, 103}) {
     const core::Problem p = prefill.problem(arch);
     const Plan plan = core::make_plan(p);
     ASSERT_EQ(plan.kernel.shape, KernelShape::prefill) << arch;

@@ -6,7 +6,7 @@
 //   MLA decode (issue 16), page 64, one KV head, q / k_cache d 64, qv / v_cache d 512: 16 query
 //   heads at batch 64 x 8192 (TB/s of cache read, memory bound) and 128 query heads at batch
 //   128 x 8192 (TFLOP/s, compute bound); the family that ran is printed with the plan
-//   (KVFLASH_SM90_MLA=1: sm90_mla on the H200).
+//   (sm90_mla on the H200; the portable kernels with KVFLASH_SM90_MLA=0).
 #include <cuda_runtime.h>
 
 #include <algorithm>

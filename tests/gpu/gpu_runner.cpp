@@ -11,8 +11,8 @@
 //                                                     MLA shapes (d 64 / d_v 512, qv, only_qv,
 //                                                     1 KV head, 16 or 128 query heads);
 //                                                     sm90mla draws those and keeps the calls
-//                                                     the sm90_mla kernel takes (opted in:
-//                                                     KVFLASH_SM90_MLA=1, on sm_90); fp8
+//                                                     the sm90_mla kernel takes (on sm_90,
+//                                                     unless KVFLASH_SM90_MLA=0); fp8
 //                                                     keeps the cases over an fp8 e4m3 cache
 //                                                     (FA3's all-fp8 calls and 16-bit queries
 //                                                     over fp8), which a plain draw also makes

@@ -10,7 +10,6 @@
 #include <optional>
 #include <vector>
 
-#include "core/env_switch.h"
 #include "kvflash/args.h"
 #include "kvflash/tensor.h"
 
@@ -83,11 +82,10 @@ inline KvCacheArgs device_args(const KvCacheArgs& host, DeviceMirror& mirror) {
 // (q, or qv without q, and both caches), fp8 e4m3 (FA3's all-fp8 call, and a 16-bit query over an
 // fp8 cache) but not qv over an fp8 cache, every head dim the contract allows (d_v 512 prefill
 // needs a GPU with 151 KB of shared memory per CTA: cuda/host/call_params.cpp), qv, only_qv.
-// fp8 only with KVFLASH_CUDA_FP8=1 (opt-in until validated; tests/gpu/run.sh sets it).
 inline bool cuda_supports(const KvCacheArgs& a) {
   const DType cache = a.v_cache->dtype;
   return cache == DType::bf16 || cache == DType::f16 ||
-         (cache == DType::e4m3 && !a.qv && core::env_switch("KVFLASH_CUDA_FP8", false));
+         (cache == DType::e4m3 && !a.qv);
 }
 
 }  // namespace kvflash::gpu_test

@@ -20,11 +20,6 @@ RACECHECK_CASES=${RACECHECK_CASES:-12}
 INITCHECK_CASES=${INITCHECK_CASES:-12}
 SYNCCHECK_CASES=${SYNCCHECK_CASES:-12}
 JOBS=${JOBS:-$(nproc)}
-# The sm90_mla kernel (MLA decode on sm_90, issue 16): opt-in in the library until this runner has
-# validated it, so the runner turns it on; the mla step keeps the portable kernels' MLA path.
-export KVFLASH_SM90_MLA=${KVFLASH_SM90_MLA:-1}
-# fp8 on CUDA (issue 15): opt-in in the library until this runner has validated it.
-export KVFLASH_CUDA_FP8=${KVFLASH_CUDA_FP8:-1}
 BUILD=${BUILD:-build-gpu}
 declare -A status
 

@@ -2,7 +2,6 @@
 
 #include <string>
 
-#include "core/env_switch.h"
 #include "core/heuristics.h"
 #include "core/limits.h"
 #include "core/split_rule.h"
@@ -337,11 +336,6 @@ int rows_per_cta(const Plan& plan) {
 }
 
 void check_supported(const core::Problem& p, const Outputs& outputs) {
-  // fp8 runs kernels written without a GPU: off unless KVFLASH_CUDA_FP8=1 until the GPU runner has
-  // validated them (tests/gpu/run.sh turns it on).
-  if ((p.fp8 || p.fp8_cache) && !core::env_switch("KVFLASH_CUDA_FP8", false)) {
-    unsupported("k_cache", "fp8 (e4m3) caches (opt-in until validated on a GPU: KVFLASH_CUDA_FP8=1) are");
-  }
   // qv.v would need the V descale apart from q.k's K descale in one score sum (and the d_v 512
   // kernels over fp8): not built.
   if (p.fp8_cache && p.has_qv) unsupported("qv", "qv over an fp8 (e4m3) KV cache is");
