@@ -12,7 +12,10 @@ torch = pytest.importorskip("torch")
 
 from kvflash.bench import __main__ as cli  # noqa: E402
 from kvflash.bench import cases as suites  # noqa: E402
+from kvflash.bench import reference as float_ref  # noqa: E402
+from kvflash.bench.data import Inputs  # noqa: E402
 from kvflash.bench.peers import Kvflash, KvflashBatchInvariant  # noqa: E402
+from kvflash.bench.peers_external import FlashAttention4, FlashInfer  # noqa: E402
 from kvflash.bench.system import NotRun, Prepared, System  # noqa: E402
 from kvflash.bench.peers_torch import Sdpa  # noqa: E402
 from kvflash.bench.report import Results, markdown, write_csv  # noqa: E402
@@ -80,7 +83,7 @@ def test_case_arithmetic_and_filter():
     assert full.visible_pairs() == 25
     assert full.kv_bytes() == 2 * 2 * 5 * 2 * 8 * 2
     tiny = suites.tiny_suite()
-    assert [c.kind for c in suites.select(tiny, "^decode")] == ["decode", "decode", "decode"]
+    assert [c.kind for c in suites.select(tiny, "^decode")] == ["decode"] * 4
     assert len(suites.select(tiny, "decode b2 q4,extend")) == 2
     assert suites.select(tiny, "") == tiny
 
@@ -205,3 +208,139 @@ def test_host_work_columns_empty_on_the_cpu_and_filled_when_measured(tmp_path):
     kv_row = next(r for r in table if r["system"] == "kvflash")
     assert (kv_row["host_us"], kv_row["eager_us"], kv_row["graph_us"]) == ("15.00", "40.00", "25.00")
     assert "| decode b1 q1 k64 h4/2 d64 causal dense | 40.0 | 25.0 | 15.0 |" in text
+
+
+# --- MLA (issue 16) and fp8 KV cache (issue 15) rows ---------------------------------------
+
+META = dict(commit="abc", gpu="cpu", date="today", versions="v", command="cmd", method="m", build=[],
+            copy_bytes_per_s=1e10, matmul_flops_per_s=1e11, copy_what="c", matmul_what="m")
+
+
+class KvflashOnlyQv(Kvflash):
+    """kvflash scoring with qv.v alone (drops MLA's rotary term): must disagree with the reference."""
+
+    name = "only-qv"
+
+    def prepare(self, case, inputs):
+        return self._prepared(case, inputs, "only_qv", only_qv=True)
+
+
+class KvflashUnitVDescale(System):
+    """kvflash reading the fp8 values without their descale: must disagree with the reference."""
+
+    name = "unit-v-descale"
+
+    def prepare(self, case, inputs):
+        from kvflash.flash_attn_interface import flash_attn_with_kvcache
+
+        ones = torch.ones_like(inputs.v_descale)
+        return Prepared(lambda: flash_attn_with_kvcache(
+            inputs.q, inputs.k_cache, inputs.v_cache, cache_seqlens=inputs.cache_seqlens,
+            page_table=inputs.page_table, causal=True, k_descale=inputs.k_descale, v_descale=ones))
+
+
+def test_mla_and_fp8_cases_in_the_suites():
+    default = [c.name for c in suites.default_suite(9 << 30)]
+    for name in ["mla b64 q1 k8192 h16/1 d64/512 causal p64", "mla b64 q1 k8192 h16/1 d64/512 causal p1",
+                 "mla b128 q1 k8192 h128/1 d64/512 causal p64", "decode b64 q1 k8192 h32/8 d128 causal p16 fp8",
+                 "decode b1 q1 k8192 h32/8 d128 causal p16 fp8"]:
+        assert name in default
+    # The bf16 rows keep their names (committed results are compared by name).
+    assert "decode b64 q1 k8192 h32/8 d128 causal p16" in default
+    quick = [c.name for c in suites.quick_suite(9 << 30)]
+    assert [n for n in quick if n.startswith("mla")] == ["mla b64 q1 k8192 h16/1 d64/512 causal p64"]
+    tiny = suites.tiny_suite()
+    assert [c.name for c in tiny if c.is_mla] == ["mla b2 q1 k80 h4/1 d64/512 causal p16"]
+    assert [c.name for c in tiny if c.fp8] == ["decode b3 q1 k80 h4/2 d64 causal p16 fp8"]
+    # The MLA cases obey the cache budget like the decode ones.
+    assert not [c for c in suites.default_suite(1 << 29) if c.is_mla]
+    # fp8 rows are their own plot group and not issue 14's host-work rows.
+    fp8_b1 = next(c for c in suites.default_suite(9 << 30) if c.fp8 and c.batch == 1)
+    assert fp8_b1.group.endswith("fp8") and not fp8_b1.measures_host_work
+
+
+def test_mla_and_fp8_bytes_and_flops():
+    """The issues' figures: MLA cache bytes b.s_k.(512 + 64).2 and FLOP 2.b.h.s_q.s_k.(576 + 512);
+    fp8 cache bytes 2.b.s_k.h_k.d at one byte."""
+    small = suites.Case("mla", 64, 1, 8192, 16, 1, 64, True, 64, headdim_v=512)
+    large = suites.Case("mla", 128, 1, 8192, 128, 1, 64, True, 64, headdim_v=512)
+    for c in (small, large):
+        assert c.kv_bytes() == c.batch * 8192 * (512 + 64) * 2
+        assert c.flops() == 2 * c.batch * c.heads * 1 * 8192 * (576 + 512)
+        assert c.bytes_moved() == c.kv_bytes() + c.batch * c.heads * (64 + 512 + 512) * 2  # q, qv, out
+        assert c.softmax_scale == pytest.approx(576 ** -0.5)
+        assert c.dv == 512 and c.score_dim == 576
+    assert small.memory_bound and not large.memory_bound
+    fp8 = suites.Case("decode", 64, 1, 8192, 32, 8, 128, True, 16, kv_dtype="fp8")
+    bf16 = suites.Case("decode", 64, 1, 8192, 32, 8, 128, True, 16)
+    assert fp8.kv_bytes() == 2 * 64 * 8192 * 8 * 128 * 1 == bf16.kv_bytes() // 2
+    assert fp8.flops() == bf16.flops() and fp8.memory_bound
+    assert fp8.softmax_scale == pytest.approx(128 ** -0.5)
+
+
+def test_float_reference_matches_kvflash_and_reads_the_descales():
+    for case in [c for c in suites.tiny_suite() if c.is_mla or c.fp8]:
+        inputs = Inputs(case, "cpu")
+        ref = float_ref.float_reference(case, inputs)
+        assert ref.dtype == torch.float32 and ref.shape == (case.batch, case.seqlen_q, case.heads, case.dv)
+        out = Kvflash("cpu").prepare(case, inputs).fn()
+        assert out.shape == ref.shape
+        assert (out.float() - ref).abs().max().item() < 5e-3
+    fp8 = next(c for c in suites.tiny_suite() if c.fp8)
+    inputs = Inputs(fp8, "cpu")
+    assert inputs.k_cache.dtype == torch.float8_e4m3fn and inputs.v_cache.dtype == torch.float8_e4m3fn
+    assert inputs.k_descale.shape == (fp8.batch, fp8.heads_k) and inputs.k_descale.dtype == torch.float32
+    assert inputs.k_descale.unique().numel() == 1 and inputs.v_descale.unique().numel() == 1  # per tensor
+    assert not torch.equal(inputs.k_descale, inputs.v_descale)
+
+
+def test_mla_and_fp8_rows_on_the_cpu():
+    """kvflash (and its batch-invariant mode) agree with the float32 reference; SDPA's math backend
+    runs MLA as [qv|q] attention and refuses the fp8 cache; systems that drop MLA's rotary term or
+    a descale disagree; the CUDA peers are not run, never an error."""
+    cases = [c for c in suites.tiny_suite() if c.is_mla or c.fp8]
+    systems = [Kvflash("cpu"), KvflashBatchInvariant("cpu"), Sdpa("cpu", "math"), KvflashOnlyQv("cpu"),
+               KvflashUnitVDescale("cpu"), FlashInfer("cpu"), FlashAttention4("cpu")]
+    timer = Timer("cpu", min_reps=2, max_reps=2, warmup=0)
+    rows = Suite(cases, systems, timer, "cpu", budget_s=60, log=lambda _: None).run()
+    assert len(rows) == len(cases) * len(systems)
+    row = {(r.case.kind, r.system): r for r in rows}
+    for kind in ("mla", "decode"):
+        for system in ("kvflash", "kvflash-bi"):
+            r = row[(kind, system)]
+            assert r.status == "ok", r.note
+            assert r.reference == float_ref.NAME and math.isfinite(r.max_abs_diff) and r.max_abs_diff < 5e-3
+            assert "kvflash did not run" not in r.note
+        for system in ("flashinfer", "fa4"):
+            assert row[(kind, system)].status == "not run" and "CUDA" in row[(kind, system)].note
+    assert row[("mla", "sdpa-math")].status == "ok" and row[("mla", "sdpa-math")].max_abs_diff < 0.02
+    assert "[qv|q]" in row[("mla", "sdpa-math")].note
+    assert row[("decode", "sdpa-math")].status == "not run" and "fp8" in row[("decode", "sdpa-math")].note
+    assert row[("mla", "only-qv")].status == "mismatch" and row[("mla", "only-qv")].max_abs_diff > 0.05
+    assert row[("decode", "unit-v-descale")].status == "mismatch"
+    assert row[("decode", "unit-v-descale")].max_abs_diff > 0.05
+
+    results = Results(rows, META)
+    mla_case = next(c for c in cases if c.is_mla)
+    kv = results.by_case[mla_case]["kvflash"]
+    gbps, tflops, _ = results.figure(kv)
+    assert gbps == pytest.approx(mla_case.bytes_moved() / kv.seconds / 1e9)
+    assert tflops == pytest.approx(mla_case.flops() / kv.seconds / 1e12)
+    assert results.best_peer(mla_case)[0] == "sdpa-math"  # only-qv disagreed: never the best
+    text = markdown(results)
+    assert "### mla" in text and "| mla b2 q1 k80 h4/1 d64/512 causal p16 |" in text
+
+
+def test_cli_dry_run_mla_and_fp8_columns(tmp_path):
+    out = tmp_path / "out"
+    code = cli.main(["--device", "cpu", "--tiny", "--cases", "^mla,fp8$", "--peers", "kvflash,sdpa-math,flashinfer",
+                     "--min-reps", "2", "--max-reps", "2", "--out", str(out), "--no-plots"])
+    assert code == 0
+    with open(out / "results.csv") as f:
+        table = list(csv.DictReader(f))
+    kv = {r["kind"]: r for r in table if r["system"] == "kvflash"}
+    assert set(kv) == {"mla", "decode"}
+    assert (kv["mla"]["headdim"], kv["mla"]["headdim_v"], kv["mla"]["kv_dtype"]) == ("64", "512", "bf16")
+    assert (kv["decode"]["headdim_v"], kv["decode"]["kv_dtype"]) == ("64", "fp8")
+    for r in kv.values():
+        assert r["status"] == "ok" and r["reference"] == float_ref.NAME and float(r["max_abs_diff"]) < 5e-3

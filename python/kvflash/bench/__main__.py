@@ -204,10 +204,12 @@ def method_text(args):
     return (f"CUDA events around each call; before each call a 256 MiB buffer is written (L2 flushed) and a "
             f"sleep kernel hides the host's launch time; median of {args.min_reps}-{args.max_reps} calls after "
             "a first call (compile / JIT, reported as setup) and 2 warm-ups. Inputs: bf16 N(0,1), pages in "
-            "random order; every peer gets the same data and its output is compared with kvflash's. Systems "
+            "random order (fp8 rows: the cache N(0,1) / descale rounded to e4m3, per-tensor descales); every "
+            "peer gets the same data and its output is compared with kvflash's (MLA and fp8 rows: every "
+            "system's with a float32 torch reference). Systems "
             "run in stages over the cases (kvflash and SDPA; then the compiled FlexAttention / FA4; then "
             "FlashInfer once its kernels are built), each stage regenerating the same inputs; a time budget "
-            "bounds the run and what it leaves out is listed as not run. kvflash's batch-1 decode rows also "
+            "bounds the run and what it leaves out is listed as not run. kvflash's batch-1 bf16 decode rows also "
             "give the host work of an eager call (its own section).")
 
 

@@ -7,14 +7,24 @@ paged (page_size > 0, pages handed out in a random order) or dense (page_size 0)
   decode   seqlen_q 1 or 4 (speculative decoding) against a long context; figure: K/V bytes / time
   prefill  seqlen_q == seqlen_k, 16k tokens in total (batch = 16384 / seqlen); figure: FLOP / time
   extend   a chunk of new tokens against a long cached prefix (bottom-right causal); FLOP / time
+  mla      DeepSeek-style absorbed MLA decode as SGLang calls FA3 (issue 16): one KV head, q the
+           rotary part (d 64) against rotary keys, qv the absorbed query (d_v 512) against the
+           latent cache, which is also V; bytes / time or FLOP / time by arithmetic intensity
+Decode rows with kv_dtype "fp8" (issue 15) read a float8 e4m3 cache under a bf16 query, with
+per-tensor descales (data.py).
 """
 
 import dataclasses
 import re
 
 BYTES_BF16 = 2
+KV_BYTES = {"bf16": 2, "fp8": 1}
 PREFILL_TOKENS = 16384
 PREFILL_MODEL_DIM = 2048  # heads = 2048 / headdim, the FlashAttention papers' convention
+# FLOP per cache byte above which an MLA row is compute bound: the H200's bf16 dense matmul over
+# its memory bandwidth (989 TFLOP/s / 4.8 TB/s). MLA decode at 16 heads does ~30, at 128 ~240.
+RIDGE_FLOP_PER_BYTE = 206
+MLA_CONTEXT = 8192
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,20 +38,51 @@ class Case:
     headdim: int
     causal: bool
     page_size: int  # 0: dense cache
+    headdim_v: int = 0  # 0: headdim (MLA: the latent dim of v_cache and qv)
+    kv_dtype: str = "bf16"  # "bf16" | "fp8" (float8 e4m3 cache under a bf16 query)
+
+    @property
+    def dv(self):
+        return self.headdim_v or self.headdim
+
+    @property
+    def is_mla(self):
+        return self.kind == "mla"
+
+    @property
+    def fp8(self):
+        return self.kv_dtype == "fp8"
+
+    @property
+    def score_dim(self):
+        """The dot product length of one score: d, or d + d_v for MLA (q.k + qv.v)."""
+        return self.headdim + self.dv if self.is_mla else self.headdim
+
+    @property
+    def softmax_scale(self):
+        """score_dim^-0.5 (FA3's default, 1/sqrt(576) for MLA): passed to every system so that
+        none relies on its own default."""
+        return self.score_dim ** -0.5
 
     @property
     def name(self):
         layout = f"p{self.page_size}" if self.page_size else "dense"
         mask = "causal" if self.causal else "full"
+        dims = f"d{self.headdim}" + (f"/{self.dv}" if self.dv != self.headdim else "")
+        dtype = " fp8" if self.fp8 else ""
         return (f"{self.kind} b{self.batch} q{self.seqlen_q} k{self.seqlen_k} "
-                f"h{self.heads}/{self.heads_k} d{self.headdim} {mask} {layout}")
+                f"h{self.heads}/{self.heads_k} {dims} {mask} {layout}{dtype}")
 
     @property
     def group(self):
-        """The plot / summary group: decode by batch and head layout, prefill by head dim."""
+        """The plot / summary group: decode by batch and head layout (fp8 apart), prefill by head
+        dim, MLA by batch and heads."""
         if self.kind == "decode":
             dense = "" if self.page_size else " dense"
-            return f"decode q{self.seqlen_q} h{self.heads}/{self.heads_k} b{self.batch}{dense}"
+            dtype = " fp8" if self.fp8 else ""
+            return f"decode q{self.seqlen_q} h{self.heads}/{self.heads_k} b{self.batch}{dense}{dtype}"
+        if self.is_mla:
+            return f"mla q{self.seqlen_q} h{self.heads}/{self.heads_k} b{self.batch}"
         layout = f"p{self.page_size}" if self.page_size else "dense"
         mask = "causal" if self.causal else "full"
         return f"{self.kind} d{self.headdim} {mask} {layout}"
@@ -57,34 +98,39 @@ class Case:
         return rows * offset + rows * (rows + 1) // 2
 
     def flops(self):
-        """2 FLOPs per multiply-add in Q.K^T and P.V over the visible pairs."""
-        return 4 * self.batch * self.heads * self.headdim * self.visible_pairs()
+        """2 FLOPs per multiply-add in the scores (score_dim long) and P.V (d_v) over the visible
+        pairs: 4.b.h.d per pair, 2.b.h.(576 + 512) for MLA."""
+        return 2 * self.batch * self.heads * (self.score_dim + self.dv) * self.visible_pairs()
 
     def kv_bytes(self):
-        return 2 * self.batch * self.seqlen_k * self.heads_k * self.headdim * BYTES_BF16
+        """The cache read: keys (d) and values (d_v) of every KV head, in the cache's dtype."""
+        return self.batch * self.seqlen_k * self.heads_k * (self.headdim + self.dv) * KV_BYTES[self.kv_dtype]
 
     def bytes_moved(self):
-        """K and V read once, q read and the output written (the memory-bound figure)."""
-        qo = 2 * self.batch * self.seqlen_q * self.heads * self.headdim * BYTES_BF16
+        """The cache read once, q (and qv) read and the output written (the memory-bound figure)."""
+        qo = self.batch * self.seqlen_q * self.heads * (self.score_dim + self.dv) * BYTES_BF16
         return self.kv_bytes() + qo
 
     @property
     def memory_bound(self):
+        if self.is_mla:
+            return self.flops() < RIDGE_FLOP_PER_BYTE * self.kv_bytes()
         return self.kind == "decode"
 
     @property
     def measures_host_work(self):
-        """kvflash's host work per eager call is measured on batch-1 decode (issue 14: the
+        """kvflash's host work per eager call is measured on batch-1 bf16 decode (issue 14: the
         GPU time is smallest there, so the host's share is largest)."""
-        return self.kind == "decode" and self.batch == 1
+        return self.kind == "decode" and self.batch == 1 and not self.fp8
 
 
-def decode_cases(batches, contexts, seqlens_q, heads, max_kv_bytes, page_size=16):
+def decode_cases(batches, contexts, seqlens_q, heads, max_kv_bytes, page_size=16, kv_dtype="bf16"):
     cases = []
     for seqlen_q in seqlens_q:
         for batch in batches:
             for context in contexts:
-                case = Case("decode", batch, seqlen_q, context, heads[0], heads[1], 128, True, page_size)
+                case = Case("decode", batch, seqlen_q, context, heads[0], heads[1], 128, True, page_size,
+                            kv_dtype=kv_dtype)
                 if case.kv_bytes() <= max_kv_bytes:
                     cases.append(case)
     return cases
@@ -107,10 +153,21 @@ def extend_cases(chunks_and_prefixes, page_size=16):
             for chunk, prefix in chunks_and_prefixes]
 
 
+def mla_cases(batches_heads_pages, max_kv_bytes):
+    """DeepSeek-V3's absorbed MLA decode (d 64 rotary, d_v 512 latent, one KV head) over 8k keys,
+    one case per (batch, query heads, page size) that fits the cache budget."""
+    cases = [Case("mla", batch, 1, MLA_CONTEXT, heads, 1, 64, True, page, headdim_v=512)
+             for batch, heads, page in batches_heads_pages]
+    return [c for c in cases if c.kv_bytes() <= max_kv_bytes]
+
+
 SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
 CONTEXTS = [1024, 8192, 32768, 131072]
 # b1 x 8k on a contiguous cache: the paged row's dense twin, for the host work of an eager call.
 DENSE_DECODE = decode_cases([1], [8192], [1], (32, 8), 1 << 40, page_size=0)
+# Issue 16: 16 heads (a TP-8 shard, memory bound) at SGLang's page sizes 64 and 1 (its default);
+# 128 heads (the whole model, compute bound).
+MLA_SHAPES = [(64, 16, 64), (64, 16, 1), (128, 128, 64)]
 
 
 def default_suite(max_kv_bytes):
@@ -119,6 +176,8 @@ def default_suite(max_kv_bytes):
     cases += DENSE_DECODE
     for heads in [(8, 1), (64, 8)]:
         cases += decode_cases([1, 32, 128], [8192, 32768], [1], heads, max_kv_bytes)
+    cases += decode_cases([1, 64], [8192], [1], (32, 8), max_kv_bytes, kv_dtype="fp8")
+    cases += mla_cases(MLA_SHAPES, max_kv_bytes)
     cases += prefill_cases(SEQLENS, [64, 128, 256], [True, False], [0])
     cases += prefill_cases(SEQLENS, [128], [True, False], [16, 64])
     cases += extend_cases([(1024, 16384), (2048, 65536), (4096, 131072)])
@@ -130,6 +189,7 @@ def quick_suite(max_kv_bytes):
     cases = decode_cases([1, 64], [8192, 32768], [1], (32, 8), max_kv_bytes)
     cases += DENSE_DECODE
     cases += decode_cases([32], [8192], [4], (32, 8), max_kv_bytes)
+    cases += mla_cases(MLA_SHAPES[:1], max_kv_bytes)
     cases += prefill_cases([1024, 8192], [128], [True, False], [0])
     cases += prefill_cases([4096], [128], [True], [16])
     cases += extend_cases([(2048, 65536)])
@@ -142,6 +202,8 @@ def tiny_suite():
         Case("decode", 2, 1, 96, 4, 2, 64, True, 16),
         Case("decode", 1, 1, 64, 4, 2, 64, True, 0),
         Case("decode", 2, 4, 80, 4, 2, 64, True, 16),
+        Case("decode", 3, 1, 80, 4, 2, 64, True, 16, kv_dtype="fp8"),
+        Case("mla", 2, 1, 80, 4, 1, 64, True, 16, headdim_v=512),
         Case("prefill", 2, 48, 48, 2, 2, 64, True, 0),
         Case("prefill", 1, 64, 64, 2, 2, 64, False, 0),
         Case("prefill", 1, 64, 64, 2, 2, 64, True, 16),

@@ -10,7 +10,9 @@ from .system import Prepared, System
 class Kvflash(System):
     """kvflash.flash_attn_interface.flash_attn_with_kvcache with scheduler metadata computed
     beforehand (get_scheduler_metadata) and a preallocated output: the timed call is the GPU work
-    plus the binding's launch path."""
+    plus the binding's launch path. MLA as SGLang calls FA3 (q the rotary part against k_cache,
+    qv the absorbed query against v_cache, the latent cache); fp8 with k_descale / v_descale.
+    softmax_scale is always given (the case's, FA3's default) so that every system uses one."""
 
     name = "kvflash"
 
@@ -26,24 +28,30 @@ class Kvflash(System):
     def prepare(self, case, inputs):
         from kvflash.flash_attn_interface import get_scheduler_metadata
 
+        # An fp8 cache is planned with the cache's dtype (contract 5.8).
         metadata = get_scheduler_metadata(
             case.batch, case.seqlen_q, case.seqlen_k, case.heads, case.heads_k, case.headdim,
-            inputs.cache_seqlens, qkv_dtype=inputs.dtype, page_size=case.page_size or None,
-            causal=case.causal)
-        return self._prepared(inputs, case.causal, "scheduler metadata precomputed",
-                              scheduler_metadata=metadata)
+            inputs.cache_seqlens, qkv_dtype=inputs.k_cache.dtype, headdim_v=case.dv,
+            page_size=case.page_size or None, causal=case.causal)
+        return self._prepared(case, inputs, "scheduler metadata precomputed", scheduler_metadata=metadata)
 
     @staticmethod
-    def _prepared(inputs, causal, note, **options):
+    def _prepared(case, inputs, note, **options):
         from kvflash.flash_attn_interface import flash_attn_with_kvcache
 
-        out = torch.empty_like(inputs.q)
+        b, sq, h = inputs.q.shape[:3]
+        out = torch.empty(b, sq, h, case.dv, dtype=inputs.q.dtype, device=inputs.q.device)
         q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
         seqlens, page_table = inputs.cache_seqlens, inputs.page_table
+        if case.is_mla:
+            options["qv"] = inputs.qv
+        if case.fp8:
+            options.update(k_descale=inputs.k_descale, v_descale=inputs.v_descale)
+        causal, scale = case.causal, case.softmax_scale
 
         def fn():
             return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, page_table=page_table,
-                                           causal=causal, out=out, **options)
+                                           causal=causal, softmax_scale=scale, out=out, **options)
 
         return Prepared(fn, note=note)
 
@@ -56,8 +64,7 @@ class KvflashBatchInvariant(Kvflash):
     name = "kvflash-bi"
 
     def prepare(self, case, inputs):
-        return self._prepared(inputs, case.causal, "batch_invariant=True, planned per call",
-                              batch_invariant=True)
+        return self._prepared(case, inputs, "batch_invariant=True, planned per call", batch_invariant=True)
 
 
 def all_systems(device):

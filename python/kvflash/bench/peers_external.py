@@ -13,12 +13,15 @@ WORKSPACE_BYTES = 256 << 20
 
 
 class FlashInfer(System):
-    """BatchDecodeWithPagedKVCacheWrapper for paged single-token decode,
+    """BatchDecodeWithPagedKVCacheWrapper for paged single-token decode (also over the fp8 cache,
+    planned with kv_data_type float8_e4m3fn, k_scale / v_scale the per-tensor descales),
     BatchPrefillWithPagedKVCacheWrapper for paged prefill / extend / multi-token decode,
-    BatchPrefillWithRaggedKVCacheWrapper for dense prefill; plan() outside timing. The attention
-    backend is FlashInfer's own choice for the GPU ("auto": fa3 on Hopper). The kernels it needs
-    are built in a background thread from the start of the suite, so their compile time overlaps
-    the other systems' runs; FlashInfer's rows run last (stage 2)."""
+    BatchPrefillWithRaggedKVCacheWrapper for dense prefill, mla.BatchMLAPagedAttentionWrapper for
+    MLA (q_nope = qv, q_pe = q, ckv / kpe caches = kvflash's v / k caches without the head axis);
+    plan() outside timing. The attention backend is FlashInfer's own choice for the GPU ("auto":
+    fa3 on Hopper, for MLA too). The kernels it needs are built in a background thread from the
+    start of the suite, so their compile time overlaps the other systems' runs; FlashInfer's rows
+    run last (stage 2)."""
 
     name = "flashinfer"
     stage = 2
@@ -51,17 +54,28 @@ class FlashInfer(System):
                                            head_dim_qk=headdim, head_dim_vo=headdim)
 
     def _module_key(self, case):
+        """(kind, backend, head dims) of the kernel module a case runs on."""
+        if case.is_mla:
+            from flashinfer.utils import determine_mla_backend
+
+            return ("mla", determine_mla_backend(torch.device("cuda")), f"{case.headdim}/{case.dv}")
         if case.page_size and case.seqlen_q == 1:
-            return ("decode", "fa2", case.headdim)
+            return ("decode fp8" if case.fp8 else "decode", "fa2", case.headdim)
         return ("prefill", self._prefill_backend(case.headdim), case.headdim)
 
     def _spec(self, key):
-        from flashinfer.jit.attention.modules import gen_batch_decode_module, gen_batch_prefill_module
+        """The JitSpec plan() would build for the key (same arguments, so plan() loads it)."""
+        from flashinfer.jit.attention.modules import (gen_batch_decode_module, gen_batch_mla_module,
+                                                      gen_batch_prefill_module)
 
         kind, backend, d = key
         bf16 = torch.bfloat16
-        if kind == "decode":
-            return gen_batch_decode_module(bf16, bf16, bf16, torch.int32, d, d, 0, False, False)
+        if kind == "mla":
+            d_kpe, d_ckv = (int(x) for x in d.split("/"))
+            return gen_batch_mla_module(backend, bf16, bf16, bf16, torch.int32, d_ckv, d_kpe, False)
+        if kind.startswith("decode"):
+            kv = torch.float8_e4m3fn if kind == "decode fp8" else bf16
+            return gen_batch_decode_module(bf16, kv, bf16, torch.int32, d, d, 0, False, False)
         return gen_batch_prefill_module(backend, bf16, bf16, bf16, torch.int32, d, d, 0, False, False, False)
 
     def start(self, cases):
@@ -104,22 +118,32 @@ class FlashInfer(System):
 
     def _wrapper(self, cls_name, backend):
         import flashinfer
+        import flashinfer.mla
 
         if self._workspace is None:
             self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
         key = (cls_name, backend)
         if key not in self._wrappers:
-            cls = getattr(flashinfer, cls_name)
-            kwargs = {} if cls_name == "BatchDecodeWithPagedKVCacheWrapper" else {"backend": backend}
-            self._wrappers[key] = cls(self._workspace, "NHD", **kwargs)
+            if cls_name == "BatchMLAPagedAttentionWrapper":  # no layout argument
+                self._wrappers[key] = flashinfer.mla.BatchMLAPagedAttentionWrapper(self._workspace, backend=backend)
+            else:
+                cls = getattr(flashinfer, cls_name)
+                kwargs = {} if cls_name == "BatchDecodeWithPagedKVCacheWrapper" else {"backend": backend}
+                self._wrappers[key] = cls(self._workspace, "NHD", **kwargs)
         return self._wrappers[key]
 
     def prepare(self, case, inputs):
+        if case.fp8 and not (case.page_size and case.seqlen_q == 1):
+            raise NotRun("the fp8 cache is benchmarked on FlashInfer's paged single-token decode only")
+        if case.is_mla and not case.page_size:
+            raise NotRun("FlashInfer's MLA wrapper takes a paged cache only")
         key = self._module_key(case)
         if key not in self._built:
             raise NotRun(f"kernel {key} not built: JIT build not finished within the time budget")
         if self._built[key] is not None:
             raise RuntimeError(f"JIT build of {key} failed: {self._built[key]}")
+        if case.is_mla:
+            return self._mla(case, inputs, key[1])
         if not case.page_size:
             return self._dense_prefill(case, inputs, key[1])
         if case.seqlen_q == 1:
@@ -138,15 +162,43 @@ class FlashInfer(System):
         wrapper = self._wrapper("BatchDecodeWithPagedKVCacheWrapper", "fa2")
         indptr, indices, last = self._paged_indices(case, inputs)
         wrapper.plan(indptr, indices, last, case.heads, case.heads_k, case.headdim, case.page_size,
-                     q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+                     q_data_type=torch.bfloat16, kv_data_type=inputs.k_cache.dtype, sm_scale=case.softmax_scale)
         q = inputs.q.reshape(case.batch, case.heads, case.headdim)
         cache = (inputs.k_cache, inputs.v_cache)
         out = torch.empty_like(q)
+        scales, note = {}, "decode kernel (no tensor cores), plan() outside timing"
+        if case.fp8:  # per-tensor descales (data.py): every (batch, KV head) holds the same value
+            scales = {"k_scale": inputs.k_descale[0, 0].item(), "v_scale": inputs.v_descale[0, 0].item()}
+            note += "; fp8 cache, k_scale / v_scale scalars (v_scale applied to the output after the kernel)"
 
         def fn():
-            return wrapper.run(q, cache, out=out)
+            return wrapper.run(q, cache, out=out, **scales)
 
-        return Prepared(fn, lambda o: o.reshape(inputs.q.shape), "decode kernel (no tensor cores), plan() outside timing")
+        return Prepared(fn, lambda o: o.reshape(inputs.q.shape), note)
+
+    def _mla(self, case, inputs, backend):
+        """kvflash's caches (pages, page, 1, d) are FlashInfer's (pages, page, d) without the head
+        axis: views, no copy. FlashInfer's kv_indptr / kv_indices count pages; kv_len_arr keys."""
+        wrapper = self._wrapper("BatchMLAPagedAttentionWrapper", backend)
+        indptr, indices, _ = self._paged_indices(case, inputs)
+        qo_indptr = torch.arange(case.batch + 1, dtype=torch.int32, device="cuda") * case.seqlen_q
+        # One query row sees every key: FlashInfer's non-causal mode (SGLang's decode call).
+        wrapper.plan(qo_indptr, indptr, indices, inputs.cache_seqlens, num_heads=case.heads,
+                     head_dim_ckv=case.dv, head_dim_kpe=case.headdim, page_size=case.page_size,
+                     causal=case.causal and case.seqlen_q > 1, sm_scale=case.softmax_scale,
+                     q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        ckv, kpe = inputs.derived("flashinfer_mla_caches",
+                                  lambda: (inputs.v_cache.squeeze(2), inputs.k_cache.squeeze(2)))
+        rows = case.batch * case.seqlen_q
+        q_nope = inputs.qv.reshape(rows, case.heads, case.dv)
+        q_pe = inputs.q.reshape(rows, case.heads, case.headdim)
+        out = torch.empty_like(q_nope)
+
+        def fn():
+            return wrapper.run(q_nope, q_pe, ckv, kpe, out=out)
+
+        return Prepared(fn, lambda o: o.reshape(case.batch, case.seqlen_q, case.heads, case.dv),
+                        f"BatchMLAPagedAttentionWrapper backend {backend}, plan() outside timing")
 
     def _paged_prefill(self, case, inputs, backend):
         wrapper = self._wrapper("BatchPrefillWithPagedKVCacheWrapper", backend)
@@ -199,6 +251,8 @@ class FlashAttention4(System):
     def prepare(self, case, inputs):
         from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
 
+        if case.is_mla or case.fp8:
+            raise NotRun("MLA (qv) and fp8-cache rows are not wired for flash_attn.cute in this bench")
         q, k, v, causal = inputs.q, inputs.k_cache, inputs.v_cache, case.causal
         if case.page_size:
             seqused, table = inputs.cache_seqlens, inputs.page_table

@@ -1,6 +1,12 @@
 """PyTorch's own attention: SDPA (one backend forced per system) and FlexAttention (compiled),
 dense and through torch's experimental paged attention. They take head-major (b, h, s, d)
-contiguous K/V, gathered from kvflash's pages outside the timed region."""
+contiguous K/V, gathered from kvflash's pages outside the timed region.
+
+MLA has no qv argument here; it is run as plain attention of q' = [qv | q] (d 576) against
+k' = [v | k] and v (d_v 512), where the backend takes those dims, and is otherwise not run. An fp8
+cache under a bf16 query is not run: these take q, k and v in one dtype, and a dequantised bf16
+copy would read twice the bytes of the case.
+"""
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +28,15 @@ def _from_heads_major(out):
 def _expand_heads(k, v, heads):
     group = heads // k.shape[1]
     return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+
+def _refuse_fp8(case, name):
+    if case.fp8:
+        raise NotRun(f"{name} takes q, k and v in one dtype: no fp8 cache under a bf16 query")
+
+
+def _mla_note(case):
+    return f"MLA as attention of [qv|q] (d {case.score_dim}) on [v|k] and v (d_v {case.dv}); " + _layout_note(case)
 
 
 class Sdpa(System):
@@ -71,15 +86,30 @@ class Sdpa(System):
         from torch.nn.attention import sdpa_kernel
 
         mask_kwargs, note = self._mask(case, q, k, v, gqa)
-        backend = self._backend()
+        backend, scale = self._backend(), case.softmax_scale
 
         def fn():
             with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa, **mask_kwargs)
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa, scale=scale, **mask_kwargs)
 
         return fn, note
 
+    def _mla(self, case, inputs):
+        """MLA through the one KV head by enable_gqa, never expanded (a copy of the latent cache
+        per query head); a backend that refuses d 576 / d_v 512 makes the row not run."""
+        q, k, v = inputs.mla_heads_major()
+        try:
+            fn, mask_note = self._call(case, q, k, v, True)
+            fn()
+        except Exception as e:  # noqa: BLE001 - the backend's refusal is the reason
+            raise NotRun(f"SDPA {self.backend_name} does not take MLA as d {case.score_dim} / d_v {case.dv} "
+                         f"attention: {describe(e, 160)}") from e
+        return Prepared(fn, _from_heads_major, "; ".join(filter(None, [_mla_note(case), mask_note])))
+
     def prepare(self, case, inputs):
+        _refuse_fp8(case, "SDPA")
+        if case.is_mla:
+            return self._mla(case, inputs)
         q, k, v = inputs.heads_major()
         gqa = case.heads != case.heads_k
         notes = [_layout_note(case)]
@@ -121,11 +151,11 @@ class _FlexBase(System):
             _FlexBase._compiled[dynamic] = torch.compile(flex_attention, dynamic=dynamic)
         return _FlexBase._compiled[dynamic]
 
-    def first_working(self, make_call, note):
+    def first_working(self, make_call, note, attempts=None):
         """The first of (dynamic compile, static compile, page-sized tiles for paged) whose first
         call runs; every refusal's reason is kept in the error when none does."""
         errors = []
-        for dynamic, options in self.attempts():
+        for dynamic, options in attempts or self.attempts():
             fn = make_call(self.flex(dynamic), options)
             try:
                 fn()
@@ -158,20 +188,35 @@ class Flex(_FlexBase):
 
     name = "flex"
 
+    def __init__(self, device):
+        super().__init__(device)
+        self._mla_refused = {}  # (score dim, d_v) -> reason: one failed compile, not one per case
+
     def prepare(self, case, inputs):
         from torch.nn.attention.flex_attention import create_block_mask
 
-        q, k, v = inputs.heads_major()
+        _refuse_fp8(case, "FlexAttention")
+        q, k, v = inputs.mla_heads_major() if case.is_mla else inputs.heads_major()
         block_mask = None
         if case.causal and case.seqlen_q > 1:
             block_mask = create_block_mask(_causal_mod(case, self.device), B=None, H=None, Q_LEN=case.seqlen_q,
                                            KV_LEN=case.seqlen_k, device=self.device)
-        gqa = case.heads != case.heads_k
+        gqa, scale = case.heads != case.heads_k, case.softmax_scale
 
         def make_call(flex, options):
-            return lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=gqa, kernel_options=options)
+            return lambda: flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa, kernel_options=options)
 
-        return self.first_working(make_call, _layout_note(case) + ("; compiled" if self.cuda else "; eager"))
+        mode = "; compiled" if self.cuda else "; eager"
+        if not case.is_mla:
+            return self.first_working(make_call, _layout_note(case) + mode)
+        dims = (case.score_dim, case.dv)
+        if dims not in self._mla_refused:
+            try:  # one static compile: d 576 pads to 1024 in Triton, which may not fit
+                return self.first_working(make_call, _mla_note(case) + mode, [(False, None)] if self.cuda else None)
+            except RuntimeError as e:
+                self._mla_refused[dims] = describe(e, 200)
+        raise NotRun(f"FlexAttention does not run MLA as d {dims[0]} / d_v {dims[1]} attention: "
+                     f"{self._mla_refused[dims]}")
 
 
 class FlexPaged(_FlexBase):
@@ -184,6 +229,7 @@ class FlexPaged(_FlexBase):
     def prepare(self, case, inputs):
         if case.kind != "decode" or not case.page_size:
             raise NotRun("flex-paged runs the paged decode cases only")
+        _refuse_fp8(case, "FlexAttention")
         from torch.nn.attention.experimental._paged_attention import PagedAttention
         from torch.nn.attention.flex_attention import create_block_mask, noop_mask
 
@@ -205,11 +251,11 @@ class FlexPaged(_FlexBase):
         logical = create_block_mask(mask_mod, B=b, H=None, Q_LEN=case.seqlen_q, KV_LEN=pages_per_seq * page,
                                     BLOCK_SIZE=(128, page), device=self.device)
         block_mask = paged.convert_logical_block_mask(logical)
-        gqa = case.heads != case.heads_k
+        gqa, scale = case.heads != case.heads_k, case.softmax_scale
         self._page = page
 
         def make_call(flex, options):
-            return lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=gqa, kernel_options=options)
+            return lambda: flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa, kernel_options=options)
 
         return self.first_working(make_call, f"page {page}, PagedAttention cache copied head-major outside timing")
 

@@ -1,7 +1,8 @@
 """Results: results.csv (one row per case and system), results.md (tables per kind, failures),
-decode.png (K/V bandwidth vs context, one line per system, one panel per batch) and prefill.png
-(TFLOP/s vs sequence length, one line per system, one panel per head dim / mask / layout), each
-stamped with the commit and the GPU."""
+decode.png (K/V bandwidth vs context, one line per system, one panel per batch; fp8-cache rows in
+panels of their own) and prefill.png (TFLOP/s vs sequence length, one line per system, one panel
+per head dim / mask / layout), each stamped with the commit and the GPU. MLA rows (one context
+each) are in the tables only."""
 
 import csv
 import math
@@ -9,9 +10,9 @@ import os
 
 CSV_FIELDS = [
     "commit", "gpu", "kind", "case", "batch", "seqlen_q", "seqlen_k", "heads", "heads_k", "headdim",
-    "causal", "page_size", "system", "status", "time_us", "gb_per_s", "tflop_per_s", "pct_of_ceiling",
-    "time_vs_best_peer", "best_peer", "max_abs_diff", "reference", "reps", "setup_s", "host_us",
-    "eager_us", "graph_us", "note",
+    "headdim_v", "causal", "page_size", "kv_dtype", "system", "status", "time_us", "gb_per_s", "tflop_per_s",
+    "pct_of_ceiling", "time_vs_best_peer", "best_peer", "max_abs_diff", "reference", "reps", "setup_s",
+    "host_us", "eager_us", "graph_us", "note",
 ]
 
 
@@ -62,8 +63,9 @@ class Results:
             yield {
                 "commit": self.meta["commit"], "gpu": self.meta["gpu"], "kind": case.kind, "case": case.name,
                 "batch": case.batch, "seqlen_q": case.seqlen_q, "seqlen_k": case.seqlen_k, "heads": case.heads,
-                "heads_k": case.heads_k, "headdim": case.headdim, "causal": int(case.causal),
-                "page_size": case.page_size, "system": row.system, "status": row.status,
+                "heads_k": case.heads_k, "headdim": case.headdim, "headdim_v": case.dv,
+                "causal": int(case.causal), "page_size": case.page_size, "kv_dtype": case.kv_dtype,
+                "system": row.system, "status": row.status,
                 "time_us": _fmt(row.seconds * 1e6 if row.ran else None, 2),
                 "gb_per_s": _g(gbps), "tflop_per_s": _g(tflops), "pct_of_ceiling": _fmt(pct, 1),
                 "time_vs_best_peer": _fmt(ratio, 3), "best_peer": peer or "",
@@ -158,15 +160,20 @@ def markdown(results):
         f"Command: `{m['command']}`. Versions: {m['versions']}.", "",
         f"Ceilings measured in this run: copy **{_sig(m['copy_bytes_per_s'] / 1e9)} GB/s** ({m['copy_what']}), "
         f"matmul **{_sig(m['matmul_flops_per_s'] / 1e12)} TFLOP/s** ({m['matmul_what']}). "
-        "% ceiling: decode = bytes moved (K/V + q + out) per second / copy bandwidth; prefill / extend "
-        "= attention FLOPs (4·b·h·d per visible query-key pair, causal bottom-right) per second / matmul.",
+        "% ceiling: decode = bytes moved (K/V cache in its dtype + q + out) per second / copy bandwidth; "
+        "prefill / extend = attention FLOPs (4·b·h·d per visible query-key pair, causal bottom-right) "
+        "per second / matmul; MLA (d 64 + d_v 512 scores, d_v 512 values) by the bound of the row: "
+        "bytes (latent + rotary cache + q, qv, out) below 206 FLOP per cache byte, else FLOPs "
+        "(2·b·h·(576 + 512) per pair).",
         "",
         f"Method: {m['method']}", "",
-        "Cells: median time per call and GB/s (decode) or TFLOP/s (prefill, extend). kvflash speedup = "
-        "best peer's time / kvflash's time (> 1: kvflash faster); the best peer is the fastest whose "
-        "output agreed with kvflash's (max |diff| <= 0.02).", "",
+        "Cells: median time per call and GB/s (decode, memory-bound MLA) or TFLOP/s (prefill, extend, "
+        "compute-bound MLA). kvflash speedup = best peer's time / kvflash's time (> 1: kvflash faster); "
+        "the best peer is the fastest whose output agreed with the reference (max |diff| <= 0.02): "
+        "kvflash's output, or for MLA and fp8-cache rows a float32 torch reference that kvflash is "
+        "checked against too.", "",
     ]
-    for kind in ("decode", "prefill", "extend"):
+    for kind in ("decode", "mla", "prefill", "extend"):
         lines += _kind_table(results, kind)
     lines += _host_work_table(results)
     failures = _failures(results)

@@ -2,7 +2,8 @@
 
 Systems run in stages, each a pass over the cases (regenerated from the same seed each time):
   stage 0  kvflash and SDPA: fast, no compilation; kvflash's output is the reference every peer
-           is checked against (when kvflash fails on a case, the first peer that ran is)
+           is checked against (when kvflash fails on a case, the first peer that ran is); MLA and
+           fp8-cache cases are checked against a float32 torch reference instead, kvflash included
   stage 1  FlexAttention (dense, paged) and FlashAttention-4: compiled per shape family
   stage 2  FlashInfer: its kernels JIT-build in background threads from the start of the run
 Later stages compare against kvflash's output computed again, untimed. A global time budget bounds
@@ -16,6 +17,7 @@ import time
 
 import torch
 
+from . import reference as float_ref
 from .data import Inputs
 from .system import NotRun, describe
 
@@ -133,7 +135,7 @@ class Suite:
             return
         try:
             timed_here = reference_timed and any(s.name == "kvflash" for s in systems)
-            reference, ref_name = (None, "") if timed_here else self._untimed_reference(case, inputs)
+            reference, ref_name = self._reference(case, inputs, timed_here)
             for system in systems:  # kvflash first (all_systems' order)
                 row, out = self._run(system, case, inputs, reference, ref_name)
                 self._emit(row)
@@ -144,6 +146,16 @@ class Suite:
             if self.device == "cuda" and not self.broken:
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
+
+    def _reference(self, case, inputs, timed_here):
+        """(reference output, its name) before the case's systems run: the float32 reference for
+        MLA / fp8 cases; otherwise kvflash's output, made untimed unless kvflash runs here."""
+        if case.is_mla or case.fp8:
+            try:
+                return float_ref.float_reference(case, inputs), float_ref.NAME
+            except Exception as e:  # noqa: BLE001 - e.g. out of memory: kvflash is the reference
+                self.log(f"[bench] {case.name}: {float_ref.NAME} failed ({describe(e)}); checking against kvflash")
+        return (None, "") if timed_here else self._untimed_reference(case, inputs)
 
     def _untimed_reference(self, case, inputs):
         """kvflash's output for stages after 0 (its timed row was made in stage 0)."""
@@ -197,7 +209,7 @@ class Suite:
             if row.system != "kvflash":
                 row.note += "; unchecked: no reference output (kvflash did not run)"
             return
-        if row.reference != "kvflash":
+        if row.reference not in ("kvflash", float_ref.NAME):
             row.note += f"; checked against {row.reference} (kvflash did not run)"
         row.max_abs_diff, finite = compare(out, reference)
         row.status = "ok" if finite and row.max_abs_diff <= TOLERANCE else "mismatch"

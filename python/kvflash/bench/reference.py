@@ -1,0 +1,36 @@
+"""The float32 torch reference of the MLA and fp8-cache rows.
+
+No peer takes those inputs as kvflash does and could check it (SDPA and FlexAttention have no qv
+and no fp8 cache under a bf16 query; FlashInfer runs on CUDA only), so every system, kvflash
+included, is compared with this instead of with kvflash's output. It reads the caches gathered
+from the pages, dequantised (fp8 value times its descale, exact in float32), and computes
+softmax(scale * (q.k [+ qv.v])) v with the query heads grouped over their KV head (no copy of
+the cache per query head).
+"""
+
+import torch
+
+NAME = "fp32 reference"
+
+
+def float_reference(case, inputs):
+    """The output in kvflash's (b, s_q, h, d_v) layout, float32."""
+    b, sq, h, hk = case.batch, case.seqlen_q, case.heads, case.heads_k
+    k, v = (t.float() for t in inputs.contiguous_kv())  # (b, s_k, h_k, d | d_v)
+    if case.fp8:
+        k = k * inputs.k_descale[:, None, :, None]
+        v = v * inputs.v_descale[:, None, :, None]
+
+    def grouped(t):  # (b, s_q, h, x) -> (b, s_q, h_k, h / h_k, x)
+        return t.float().reshape(b, sq, hk, h // hk, t.shape[-1])
+
+    scores = torch.einsum("bqkgd,bskd->bkgqs", grouped(inputs.q), k)
+    if case.is_mla:
+        scores += torch.einsum("bqkgd,bskd->bkgqs", grouped(inputs.qv), v)
+    scores *= case.softmax_scale
+    if case.causal and sq > 1:  # bottom-right: query i sees keys up to s_k - s_q + i
+        rows = torch.arange(sq, device=scores.device)[:, None] + case.seqlen_k - sq
+        hidden = torch.arange(case.seqlen_k, device=scores.device)[None, :] > rows
+        scores.masked_fill_(hidden, float("-inf"))
+    out = torch.einsum("bkgqs,bskd->bqkgd", scores.softmax(dim=-1), v)
+    return out.reshape(b, sq, h, case.dv)
