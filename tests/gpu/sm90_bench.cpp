@@ -1,7 +1,7 @@
 // The sm90 prefill family's ladder (src/cuda/sm90/prefill.h), each rung timed on the same inputs
 // and checked against the portable kernels (the public API with num_splits = 2, which the sm90
 // family never takes): dense bf16 caches, 16k x 16k at head dims 64 / 128 / 256 (non-causal and
-// causal) and 32 prompts of 512 (causal); rungs 1-4 (src/cuda/sm90/prefill.h). Paged rows (pages
+// causal) and 32 prompts of 512 (causal); rungs 1-5 (src/cuda/sm90/prefill.h). Paged rows (pages
 // of 8-64 keys, smaller than a key block, in a random order) run the best rung, the kernel the
 // family rule picks for them. TFLOP/s = 4 d x visible (query, key) pairs x heads / median time of
 // 10 launches after 2 warm-ups.
@@ -159,14 +159,22 @@ double max_abs_diff(const void* a, const void* b, size_t count) {
   return worst;
 }
 
+// Which rungs a row runs: paged rows the best rung only (it alone has kernels for pages smaller
+// than a block); small (the sanitizers' run: one report per kernel) every rung but ping-pong
+// (racecheck reports rung 4, see prefill.h); timed rows every rung.
+bool runs_rung(const Shape& s, bool small, int rung) {
+  if (s.page) return rung == cuda::sm90::kBestRung;
+  return !small || rung != cuda::sm90::kPingPongRung;
+}
+
 }  // namespace
 
-// small: each rung up to the one that runs (kBestRung) once on small shapes, untimed (for the
-// sanitizers: one report per kernel; racecheck reports rung 4, see prefill.h).
+// small: the rungs once on small shapes, untimed.
 int run_sm90_bench(bool small) {
   std::vector<Shape> shapes =
-      small ? std::vector<Shape>{{2, 200, 2, 1, 64, true},  {2, 200, 2, 2, 128, false}, {2, 200, 2, 1, 128, true},
-                                 {2, 200, 2, 2, 256, false}, {2, 200, 2, 1, 256, true}}
+      small ? std::vector<Shape>{{2, 200, 2, 1, 64, true},   {2, 200, 2, 2, 128, false}, {2, 200, 2, 1, 128, true},
+                                 {2, 200, 2, 2, 256, false},  {2, 200, 2, 1, 256, true},
+                                 {16, 300, 16, 16, 128, true}}  // 768 tiles: several per persistent CTA
             : std::vector<Shape>{{1, 16384, 16, 16, 128, false}, {1, 16384, 16, 16, 128, true},
                                  {1, 16384, 32, 32, 64, false},   {1, 16384, 32, 32, 64, true},
                                  {1, 16384, 8, 8, 256, false},    {1, 16384, 8, 8, 256, true},
@@ -185,8 +193,8 @@ int run_sm90_bench(bool small) {
   shapes.insert(shapes.end(), paged.begin(), paged.end());
   std::mt19937 rng(11);
   int failures = 0;
-  std::printf("%-34s %8s %8s %8s %8s %8s %9s %s\n", "shape (bf16, p: page size)", "sm80", "rung1", "rung2", "rung3",
-              "rung4", "TFLOP/s", "max|rung - sm80| (1 / 2 / 3 / 4)");
+  std::printf("%-34s %8s %8s %8s %8s %8s %8s %9s %s\n", "shape (bf16, p: page size)", "sm80", "rung1", "rung2",
+              "rung3", "rung4", "rung5", "TFLOP/s", "max|rung - sm80| (1 / 2 / 3 / 4 / 5)");
   for (const Shape& s : shapes) {
     const size_t q_count = size_t(s.batch) * s.seqlen * s.heads * s.headdim;
     const PageTable pages = make_page_table(s, rng);
@@ -219,10 +227,8 @@ int run_sm90_bench(bool small) {
 
     const cuda::AttentionParams p = cache_params(s, pages, q, k, v, out);
     double ms[cuda::sm90::kRungs + 1] = {}, diff[cuda::sm90::kRungs + 1] = {};
-    // Paged rows: the best rung, which alone has kernels for pages smaller than a block.
-    const int first_rung = s.page ? cuda::sm90::kBestRung : 1;
-    const int last_rung = small || s.page ? cuda::sm90::kBestRung : cuda::sm90::kRungs;
-    for (int rung = first_rung; rung <= last_rung; ++rung) {
+    for (int rung = 1; rung <= cuda::sm90::kRungs; ++rung) {
+      if (!runs_rung(s, small, rung)) continue;
       check(cudaMemset(out, 0xff, q_count * 2), "poison");  // NaN: an unwritten element fails
       launch_rung(p, s.headdim, s.heads / s.heads_k, rung);
       check(cudaDeviceSynchronize(), "rung");
@@ -241,13 +247,13 @@ int run_sm90_bench(bool small) {
     // A rung this row did not run prints "-" (paged rows run the best rung only).
     std::string times, rates = "  TFLOP/s: sm80 (2 splits) " + format("%.1f", tflops(sm80_ms)), diffs;
     for (int rung = 1; rung <= cuda::sm90::kRungs; ++rung) {
-      const bool ran = rung >= first_rung && rung <= last_rung;
+      const bool ran = runs_rung(s, small, rung);
       times += ran ? format(" %8.3f", ms[rung]) : format(" %8s", "-");
       rates += format(", rung%d ", rung) + (ran ? format("%.1f", tflops(ms[rung])) : "-");
       diffs += (rung > 1 ? " / " : "") + (ran ? format("%.4f", diff[rung]) : "-");
     }
-    std::printf("%-34s %8.3f%s %9.1f %s\n%s\n", name, sm80_ms, times.c_str(), tflops(ms[last_rung]), diffs.c_str(),
-                rates.c_str());
+    std::printf("%-34s %8.3f%s %9.1f %s\n%s\n", name, sm80_ms, times.c_str(), tflops(ms[cuda::sm90::kBestRung]),
+                diffs.c_str(), rates.c_str());
     std::fflush(stdout);
     for (void* ptr : {q, k, v, ref, out, static_cast<void*>(pages.table)}) cudaFree(ptr);
   }

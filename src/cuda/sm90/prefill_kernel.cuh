@@ -14,6 +14,11 @@
 //    overlap).
 //  - kPingPong (two groups, with kOverlap): the groups take turns issuing their GEMMs (two named
 //    barriers), so one group's softmax runs while the other's GEMMs use the tensor cores.
+//  - kPersistent (kOverlap, no ping-pong): one CTA per SM walks the tiles (query block, head,
+//    sequence; the longest causal blocks first), its barriers and pipelines set up once. The
+//    producer loads the next tile's first K / V block while the consumers finish the tile before;
+//    the epilogue writes O in the element type over the Q tile only (not over K / V), and the next
+//    Q waits for the consumers' stores (a named barrier).
 // Key blocks run last to first, so the masked blocks (a causal diagonal, the sequence end) come
 // first. What a CTA reads and where it writes reuse the portable family's helpers (cta_work.cuh):
 // column, key range, visible keys per row (core/mask.h), sinks, and the coalesced row store.
@@ -43,7 +48,7 @@ namespace kvflash::cuda::sm90 {
 using namespace cute;
 
 template <class Elem_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kConsumerWGs_, bool kOverlap_,
-          bool kPingPong_ = false, int kPageKeys_ = 0>
+          bool kPingPong_ = false, int kPageKeys_ = 0, bool kPersistent_ = false>
 struct PrefillTraits {
   using Elem = Elem_;  // __nv_bfloat16 or __half
   using E = typename CuteElem<Elem>::type;
@@ -52,6 +57,9 @@ struct PrefillTraits {
   static constexpr bool kOverlap = kOverlap_;
   static constexpr bool kPingPong = kPingPong_;
   static_assert(!kPingPong || (kOverlap && kConsumerWGs_ == 2), "ping-pong: two overlapping groups");
+  static constexpr bool kPersistent = kPersistent_;
+  static_assert(!kPersistent || (kOverlap && !kPingPong && kConsumerWGs_ == 2), "persistent: rung 3's groups");
+  static_assert(kHeadDim % 64 == 0, "the persistent O tile swizzles 8 16-byte chunks per row");
   static constexpr int kConsumerThreads = 128 * kConsumerWGs;
   static constexpr int kThreads = 128 + kConsumerThreads;
   // Producer / consumer registers per thread after setmaxnreg (two consumer groups only: with one,
@@ -64,7 +72,8 @@ struct PrefillTraits {
   static constexpr int kUnitRows = kPageKeys > 0 ? kPageKeys : kBlockN;
   static constexpr int kUnits = kBlockN / kUnitRows;
   static_assert(kBlockN % kUnitRows == 0 && kUnits <= 32, "whole pages per block, one producer lane each");
-  static constexpr int kProducerLanes = kUnits > 1 ? 32 : 1;
+  // The persistent producer is a whole warp: it waits at a named barrier (counted in warps).
+  static constexpr int kProducerLanes = kUnits > 1 || kPersistent ? 32 : 1;
 
   using TileQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
   using TilePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;
@@ -127,6 +136,8 @@ template <class T>
 struct PrefillParams {
   AttentionParams p;
   int kv_group = 1;           // query heads per K / V head
+  int m_blocks = 0;           // query blocks per (head, sequence)
+  int num_tiles = 0;          // persistent: m_blocks x heads x sequences
   typename T::GShape q_shape, k_shape, v_shape;
   typename T::TmaQ tma_q;
   typename T::TmaKV tma_k, tma_v;
@@ -150,8 +161,23 @@ __device__ __forceinline__ int2 kv_unit_origin(const AttentionParams& p, const S
 }
 
 // Named barriers (ids past CUTLASS's reserved ones): the consumers' epilogue, each group's V
-// tail, and the two groups' GEMM turns (ping-pong).
-enum Barrier : uint32_t { kEpilogue = 1, kVTail0 = 2, kTurn0 = 4 };
+// tail, the two groups' GEMM turns (ping-pong), and (persistent) the Q tile free again: the
+// consumers arrive once their stores of a tile's O have read it, the producer waits before the
+// next Q.
+enum Barrier : uint32_t { kEpilogue = 1, kVTail0 = 2, kTurn0 = 4, kQFree = 6 };
+
+template <class T>
+__device__ __forceinline__ void wait_q_free() {
+  cutlass::arch::NamedBarrier::sync(32 + T::kConsumerThreads, kQFree);
+}
+
+// Element (row, column) of the persistent kernel's O tile over Q: rows of kHeadDim elements, their
+// 16-byte chunks swizzled by the row (chunk ^ row % 8), so that the 8 rows a warp writes at once
+// fall on different banks. Four channels from a multiple of 4 stay contiguous.
+template <class T>
+__device__ __forceinline__ int o_tile_index(int row, int col) {
+  return row * T::kHeadDim + ((col / 8) ^ (row % 8)) * 8 + col % 8;
+}
 
 // Ping-pong turns: a group waits for its turn before issuing GEMMs and hands the turn over after.
 template <class T>
@@ -166,22 +192,27 @@ __device__ __forceinline__ void pass_turn(int group) {
 // Run by kProducerLanes of the producer group's first warp: lane 0 issues Q and arms the barriers;
 // lane u < kUnits looks up and issues unit u of each K / V block (one page each: a block's
 // page-table reads run in parallel), every copy completing on the stage's one full barrier, which
-// expects the block's bytes (kKVBytes: zero-filled boxes count too).
+// expects the block's bytes (kKVBytes: zero-filled boxes count too). `state` carries on from tile
+// to tile (persistent); so does Q's barrier. Persistent, Q follows the tile's first K / V block,
+// after the consumers have read the tile before out of it (wait_q: not the CTA's first tile).
 template <class T>
 __device__ __forceinline__ void produce(const PrefillParams<T>& params, typename T::SharedStorage& ss,
                                         typename T::Pipeline& pipe_k, typename T::Pipeline& pipe_v,
-                                        const CtaStart& start, int head, int row0, int n_first, int n_last) {
+                                        cutlass::PipelineState<T::kStages>& state, const CtaStart& start, int head,
+                                        int row0, int n_first, int n_last, bool wait_q) {
   using E = typename T::E;
   const AttentionParams& p = params.p;
   const int hk = head / params.kv_group;
   const SeqLens& seq = start.col.seq;
-  const int lane = T::kUnits > 1 ? int(threadIdx.x % 32) : 0;
-  const bool issues = T::kUnits == 1 || lane < T::kUnits;
+  const int lane = T::kProducerLanes > 1 ? int(threadIdx.x % 32) : 0;
+  const bool issues = lane < T::kUnits;
   // The leader's expect_tx precedes the other lanes' copies.
   auto sync_lanes = [] {
-    if constexpr (T::kUnits > 1) __syncwarp();
+    if constexpr (T::kProducerLanes > 1) __syncwarp();
   };
-  if (lane == 0) {
+  auto load_q = [&] {
+    if (wait_q) wait_q_free<T>();
+    if (lane != 0) return;
     // Q: rows [q_offset + row0, + kBlockM) of this head (varlen: one batch row of all tokens).
     const int q_batch = p.len.cu_seqlens_q.data ? 0 : start.col.b;
     Tensor mQ = params.tma_q.get_tma_tensor(params.q_shape)(_, _, head, q_batch);
@@ -192,7 +223,8 @@ __device__ __forceinline__ void produce(const PrefillParams<T>& params, typename
     ss.q_full.arrive_and_expect_tx(T::kQBytes);
     copy(params.tma_q.with(reinterpret_cast<uint64_t&>(ss.q_full), 0), q_slice.partition_S(gQ),
          q_slice.partition_D(sQ));
-  }
+  };
+  if constexpr (!T::kPersistent) load_q();
 
   Tensor mK = params.tma_k.get_tma_tensor(params.k_shape);
   Tensor mV = params.tma_v.get_tma_tensor(params.v_shape);
@@ -201,8 +233,6 @@ __device__ __forceinline__ void produce(const PrefillParams<T>& params, typename
   auto k_slice = params.tma_k.get_slice(_0{});
   auto v_slice = params.tma_v.get_slice(_0{});
   const auto unit = Shape<Int<T::kUnitRows>, Int<T::kHeadDim>>{};
-  cutlass::PipelineState<T::kStages> state;  // producer: starts at phase 1 (buffers empty)
-  state = cutlass::make_producer_start_state<typename T::Pipeline>();
   for (int n = n_last; n >= n_first; --n) {
     const int2 at = kv_unit_origin(p, seq, n * T::kBlockN + (issues ? lane : 0) * T::kUnitRows);
     Tensor gK = local_tile(domain_offset(make_coord(at.x, _0{}), mK(_, _, hk, at.y)), unit, make_coord(_0{}, _0{}));
@@ -220,13 +250,22 @@ __device__ __forceinline__ void produce(const PrefillParams<T>& params, typename
            v_slice.partition_D(local_tile(sV(_, _, state.index()), unit, make_coord(lane, _0{}))));
     }
     ++state;
+    if constexpr (T::kPersistent) {
+      if (n == n_last) load_q();
+    }
+  }
+  if constexpr (T::kPersistent) {
+    if (n_last < n_first) load_q();  // no key block (a sink alone): Q all the same
   }
 }
 
+// The consumers' tile: `state` carries on from tile to tile (persistent), Q's barrier completes
+// phase q_phase for this tile.
 template <class T>
 __device__ __forceinline__ void consume(const PrefillParams<T>& params, typename T::SharedStorage& ss,
                                         typename T::Pipeline& pipe_k, typename T::Pipeline& pipe_v,
-                                        const CtaStart& start, int head, int row0, int n_first, int n_last) {
+                                        cutlass::PipelineState<T::kStages>& state, const CtaStart& start, int head,
+                                        int row0, int n_first, int n_last, int q_phase) {
   using E = typename T::E;
   const AttentionParams& p = params.p;
   const int thread = threadIdx.x - 128;  // among the consumers
@@ -269,11 +308,10 @@ __device__ __forceinline__ void consume(const PrefillParams<T>& params, typename
     cutlass::arch::NamedBarrier::sync(128, kVTail0 + thread / 128);
   };
 
-  cutlass::PipelineState<T::kStages> state;
   const int group = thread / 128;
   // The first turn is group 0's: its barrier gets group 1's share of the arrivals up front.
   if (group == 1) pass_turn<T>(group);
-  ss.q_full.wait(0);
+  ss.q_full.wait(q_phase);
   const int n_blocks = n_last - n_first + 1;
   if (n_blocks > 0) {
     Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename T::TileQK{}));
@@ -336,41 +374,54 @@ __device__ __forceinline__ void consume(const PrefillParams<T>& params, typename
   if (group == 0) wait_turn<T>(group);
 
   // Epilogue: finish each row (sums across the 4 threads of a row, the sink on split 0), write
-  // the normalised fp32 O tile over the Q / K / V tiles, then the consumers store it coalesced.
+  // the normalised O tile (fp32 over the Q / K / V tiles; persistent: the element type over Q),
+  // then the consumers store it coalesced.
   cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);  // every group is done with the tiles
-  float* sO = reinterpret_cast<float*>(ss.q.data());
   Tensor tOcO = thr_pv.partition_C(make_identity_tensor(select<0, 1>(typename T::TilePV{})));
-  write_scaled_rows<T::kOStride>(tOrO, tOcO, sO, [&](int r, int tile_row) {
+  auto factor = [&](int r, int tile_row) {
     float lse;
-    const float factor = sm.finish(p, start, head, row0 + tile_row, r, lse);
+    const float f = sm.finish(p, start, head, row0 + tile_row, r, lse);
     if (thread % 4 == 0) ss.lse[tile_row] = lse;
-    return factor;
-  });
-  cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
-  store_rows<typename T::Elem>(
-      p, start.dst_rows, head, row0, T::kBlockM,
-      [&](int r, int c) { return *reinterpret_cast<const float4*>(sO + r * T::kOStride + c); },
-      [&](int r) { return ss.lse[r]; }, thread, T::kConsumerThreads);
+    return f;
+  };
+  auto lse = [&](int r) { return ss.lse[r]; };
+  if constexpr (T::kPersistent) {
+    E* sO = ss.q.data();
+    write_scaled_rows(tOrO, tOcO, factor, [&](int row, int col, float v) { sO[o_tile_index<T>(row, col)] = E(v); });
+    cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
+    store_rows<typename T::Elem>(
+        p, start.dst_rows, head, row0, T::kBlockM,
+        [&](int r, int c) {
+          const E* o = sO + o_tile_index<T>(r, c);
+          return make_float4(float(o[0]), float(o[1]), float(o[2]), float(o[3]));
+        },
+        lse, thread, T::kConsumerThreads);
+    cutlass::arch::fence_view_async_shared();  // these reads, then the next Q's TMA write
+    cutlass::arch::NamedBarrier::arrive(32 + T::kConsumerThreads, kQFree);
+  } else {
+    float* sO = reinterpret_cast<float*>(ss.q.data());
+    write_scaled_rows(tOrO, tOcO, factor, [&](int row, int col, float v) { sO[row * T::kOStride + col] = v; });
+    cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
+    store_rows<typename T::Elem>(
+        p, start.dst_rows, head, row0, T::kBlockM,
+        [&](int r, int c) { return *reinterpret_cast<const float4*>(sO + r * T::kOStride + c); }, lse, thread,
+        T::kConsumerThreads);
+  }
 }
 
+// The K / V pipelines.
 template <class T>
-__global__ void __launch_bounds__(T::kThreads, 1) prefill_kernel(const __grid_constant__ PrefillParams<T> params) {
-  extern __shared__ __align__(1024) char smem_raw[];
-  auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
-  const AttentionParams& p = params.p;
-  // Query blocks in reverse launch order: under a causal mask the longest CTAs start first.
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y;
-  const int row0 = m_block * T::kBlockM;
-  CtaStart start;
-  if (!start_cta<typename T::Elem>(p, row0, T::kBlockM, start)) return;
-  const int n_first = start.keys.lo / T::kBlockN;
-  const int n_last = start.keys.hi > start.keys.lo ? (start.keys.hi - 1) / T::kBlockN : n_first - 1;
+struct Pipelines {
+  typename T::Pipeline k, v;
+};
 
-  const int warp_group = threadIdx.x / 128;
+// Q's barrier and the K / V pipelines, set up by the whole CTA (visible to all when it returns);
+// the TMA descriptors prefetched.
+template <class T>
+__device__ __forceinline__ Pipelines<T> setup_pipelines(const PrefillParams<T>& params, typename T::SharedStorage& ss) {
   using Pipeline = typename T::Pipeline;
   typename Pipeline::Params pp;
-  pp.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pp.role = threadIdx.x < 128 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
   pp.num_consumers = T::kConsumerThreads;
   pp.transaction_bytes = T::kKVBytes;
@@ -380,17 +431,117 @@ __global__ void __launch_bounds__(T::kThreads, 1) prefill_kernel(const __grid_co
     cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
   }
-  Pipeline pipe_k(ss.pipe_k, pp, Shape<_1, _1, _1>{});
-  Pipeline pipe_v(ss.pipe_v, pp, Shape<_1, _1, _1>{});
+  Pipelines<T> pipes{Pipeline(ss.pipe_k, pp, Shape<_1, _1, _1>{}), Pipeline(ss.pipe_v, pp, Shape<_1, _1, _1>{})};
   cutlass::arch::fence_barrier_init();
   __syncthreads();
+  return pipes;
+}
 
-  if (warp_group == 0) {
+// Key blocks [n_first, n_last] of a tile's keys (none: n_last < n_first).
+template <class T>
+__device__ __forceinline__ int2 key_blocks(const CtaStart& start) {
+  const int n_first = start.keys.lo / T::kBlockN;
+  return make_int2(n_first, start.keys.hi > start.keys.lo ? (start.keys.hi - 1) / T::kBlockN : n_first - 1);
+}
+
+// One CTA per tile.
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1) prefill_kernel(const __grid_constant__ PrefillParams<T> params) {
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
+  // Query blocks in reverse launch order: under a causal mask the longest CTAs start first.
+  const int head = blockIdx.y;
+  const int row0 = (gridDim.x - 1 - blockIdx.x) * T::kBlockM;
+  CtaStart start;
+  if (!start_cta<typename T::Elem>(params.p, row0, T::kBlockM, start)) return;
+  const int2 n = key_blocks<T>(start);
+  auto pipes = setup_pipelines<T>(params, ss);
+
+  // Each role's registers are set in its own branch (ptxas allocates each branch to its limit).
+  if (threadIdx.x < 128) {
     if constexpr (T::kReallocate) cutlass::arch::warpgroup_reg_dealloc<24>();
-    if (threadIdx.x < T::kProducerLanes) produce<T>(params, ss, pipe_k, pipe_v, start, head, row0, n_first, n_last);
+    auto state = cutlass::make_producer_start_state<typename T::Pipeline>();  // phase 1: buffers empty
+    if (threadIdx.x < T::kProducerLanes) {
+      produce<T>(params, ss, pipes.k, pipes.v, state, start, head, row0, n.x, n.y, false);
+    }
   } else {
     if constexpr (T::kReallocate) cutlass::arch::warpgroup_reg_alloc<240>();
-    consume<T>(params, ss, pipe_k, pipe_v, start, head, row0, n_first, n_last);
+    cutlass::PipelineState<T::kStages> state;
+    consume<T>(params, ss, pipes.k, pipes.v, state, start, head, row0, n.x, n.y, 0);
+  }
+}
+
+// What a persistent CTA finds for a tile (grid column z, query rows row0..): nothing to do, rows
+// that see no key and no sink (to be written as such), or rows to compute. start_cta's steps
+// (cta_work.cuh) for a tile that is not the CTA's grid position; start_cta itself is left as it is:
+// a version shared with this one moved the portable attention kernel (255 registers) and sm90_mla
+// into spills (78 and 52 bytes).
+enum class TileWork { none, empty, rows };
+
+__device__ __forceinline__ TileWork find_tile_work(const AttentionParams& p, int z, int row0, int rows,
+                                                   CtaStart& s) {
+  wait_for_prerequisites();
+  launch_dependents();
+  if (!cta_column(p, z, s.col)) return TileWork::none;
+  s.packed_rows = s.col.seq.seqlen_q * p.group;
+  if (row0 >= s.packed_rows) return TileWork::none;
+  s.keys = cta_keys(p, s.col, row0, min(row0 + rows, s.packed_rows) - 1);
+  s.add_sink = adds_sink(p, s.col);
+  s.dst_rows = RowDestination(p, s.col);
+  return s.keys.lo >= s.keys.hi && !s.add_sink ? TileWork::empty : TileWork::rows;
+}
+
+// The persistent CTA's tiles t = blockIdx.x, + gridDim.x, ...: query block m_blocks - 1 - t /
+// (heads x sequences) (the longest causal blocks first), then head, then sequence. Each role walks
+// them all: work(start, head, row0, tiles before it) for the tiles with rows to compute; threads
+// [0, store_threads) write the rows that see no key as such (the consumers; store_threads 0: the
+// producer, within its few registers, does not).
+template <class T, class Work>
+__device__ __forceinline__ int for_each_tile(const PrefillParams<T>& params, int store_thread, int store_threads,
+                                             Work work) {
+  const int heads = params.p.num_heads, columns = heads * params.p.len.batch;
+  int tiles = 0;
+  for (int t = blockIdx.x; t < params.num_tiles; t += gridDim.x) {
+    const int rest = t % columns, head = rest % heads;
+    const int row0 = (params.m_blocks - 1 - t / columns) * T::kBlockM;
+    CtaStart start;
+    const TileWork found = find_tile_work(params.p, rest / heads, row0, T::kBlockM, start);
+    if (found == TileWork::empty && store_threads > 0) {
+      const auto zeros = [](int, int) { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); };
+      store_rows<typename T::Elem>(params.p, start.dst_rows, head, row0, T::kBlockM, zeros,
+                                   [](int) { return -INFINITY; }, store_thread, store_threads);
+    }
+    if (found == TileWork::rows) work(start, head, row0, tiles++);
+  }
+  return tiles;
+}
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    prefill_kernel_persistent(const __grid_constant__ PrefillParams<T> params) {
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
+  auto pipes = setup_pipelines<T>(params, ss);
+
+  if (threadIdx.x < 128) {
+    cutlass::arch::warpgroup_reg_dealloc<40>();  // its tile loop spills less than at 24
+    auto state = cutlass::make_producer_start_state<typename T::Pipeline>();
+    const int tiles = for_each_tile(params, 0, 0, [&](const CtaStart& start, int head, int row0, int before) {
+      const int2 n = key_blocks<T>(start);
+      if (threadIdx.x < T::kProducerLanes) {
+        produce<T>(params, ss, pipes.k, pipes.v, state, start, head, row0, n.x, n.y, before > 0);
+      }
+    });
+    // The consumers' last arrival at kQFree is taken, so the barrier ends balanced.
+    if (tiles > 0 && threadIdx.x < T::kProducerLanes) wait_q_free<T>();
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<232>();
+    cutlass::PipelineState<T::kStages> state;
+    const int thread = int(threadIdx.x) - 128;
+    for_each_tile(params, thread, T::kConsumerThreads, [&](const CtaStart& start, int head, int row0, int before) {
+      const int2 n = key_blocks<T>(start);
+      consume<T>(params, ss, pipes.k, pipes.v, state, start, head, row0, n.x, n.y, before & 1);
+    });
   }
 }
 
@@ -426,10 +577,21 @@ void launch_prefill(const AttentionParams& ap, int kv_group, cudaStream_t stream
   params.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, typename T::SmemLayoutKUnit{}, unit, _1{});
   params.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename T::SmemLayoutKUnit{}, unit, _1{});
 
-  opt_in_dynamic_smem<prefill_kernel<T>>(T::kSmemBytes);
   const dim3 grid((ap.len.seqlen_q + T::kBlockM - 1) / T::kBlockM, ap.num_heads, ap.len.batch);
   if (grid.x == 0 || grid.z == 0) return;
-  prefill_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(params);
+  params.m_blocks = int(grid.x);
+  if constexpr (T::kPersistent) {
+    params.num_tiles = int(grid.x * grid.y * grid.z);
+    int device = 0, sms = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    opt_in_dynamic_smem<prefill_kernel_persistent<T>>(T::kSmemBytes);
+    prefill_kernel_persistent<T><<<std::min(params.num_tiles, std::max(sms, 1)), T::kThreads, T::kSmemBytes, stream>>>(
+        params);
+  } else {
+    opt_in_dynamic_smem<prefill_kernel<T>>(T::kSmemBytes);
+    prefill_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(params);
+  }
 }
 
 }  // namespace kvflash::cuda::sm90

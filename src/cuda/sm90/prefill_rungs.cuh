@@ -32,7 +32,10 @@ void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaS
     case 1: return launch_prefill<PrefillTraits<Elem, kHeadDim, 64, kBlockN, 2, 1, false>>(p, kv_group, stream);
     case 2: return launch_prefill<PrefillTraits<Elem, kHeadDim, 128, kBlockN, 2, 2, false>>(p, kv_group, stream);
     case 3: return launch_prefill<RungTraits3<Elem, kHeadDim>>(p, kv_group, stream);
-    default: return launch_prefill<PrefillTraits<Elem, kHeadDim, 128, kBlockN, 2, 2, true, true>>(p, kv_group, stream);
+    case 4: return launch_prefill<PrefillTraits<Elem, kHeadDim, 128, kBlockN, 2, 2, true, true>>(p, kv_group, stream);
+    default:
+      return launch_prefill<PrefillTraits<Elem, kHeadDim, 128, kBlockN, 2, 2, true, false, 0, true>>(p, kv_group,
+                                                                                                     stream);
   }
 }
 

@@ -161,10 +161,10 @@ __device__ __forceinline__ void rescale_rows(TO& tOrO, const float (&alpha)[kRow
   }
 }
 
-// A thread's accumulator rows into the fp32 tile sO (rows kStride floats apart), row r (tile row
-// `tile_row`) times factor(r, tile_row).
-template <int kStride, class TO, class TC, class Factor>
-__device__ __forceinline__ void write_scaled_rows(const TO& tOrO, const TC& tOcO, float* sO, Factor factor) {
+// A thread's accumulator rows into an O tile: store(tile_row, column, value) of each value of
+// row r (tile row `tile_row`) times factor(r, tile_row).
+template <class TO, class TC, class Factor, class Store>
+__device__ __forceinline__ void write_scaled_rows(const TO& tOrO, const TC& tOcO, Factor factor, Store store) {
   Tensor o = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));
   Tensor orc = make_tensor(tOcO.data(), rows_cols(tOcO.layout()));
   CUTLASS_PRAGMA_UNROLL
@@ -172,7 +172,7 @@ __device__ __forceinline__ void write_scaled_rows(const TO& tOrO, const TC& tOcO
     const int tile_row = get<0>(orc(r, 0));
     const float f = factor(r, tile_row);
     CUTLASS_PRAGMA_UNROLL
-    for (int c = 0; c < size<1>(o); ++c) sO[tile_row * kStride + get<1>(orc(r, c))] = o(r, c) * f;
+    for (int c = 0; c < size<1>(o); ++c) store(tile_row, get<1>(orc(r, c)), o(r, c) * f);
   }
 }
 

@@ -306,7 +306,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) mla_kernel(const __grid_consta
   float* sO = reinterpret_cast<float*>(ss.q.data());
   Tensor tOcO = mma_o.get_thread_slice(threadIdx.x).partition_C(
       make_identity_tensor(Shape<Int<T::kBlockM>, Int<T::kLatent>>{}));
-  write_scaled_rows<T::kOStride>(tOrO, tOcO, sO, [&](int, int tile_row) { return ss.factor[tile_row]; });
+  write_scaled_rows(tOrO, tOcO, [&](int, int tile_row) { return ss.factor[tile_row]; },
+                    [&](auto row, auto col, float v) { sO[row * T::kOStride + col] = v; });
   __syncthreads();
   store_rows<typename T::Elem>(
       p, start.dst_rows, hk, row0, T::kBlockM,
