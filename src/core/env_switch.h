@@ -1,6 +1,7 @@
-// kvflash's off switches in the environment (KVFLASH_SM90, _SM90_SMALL_PAGES, _SM90_MLA: a kernel
-// family's calls back to the portable kernels, to compare with or to fall back to), read at each
-// use, so a user or a test may flip one between calls. A switch is on unless set to "0".
+// kvflash's switches in the environment, read at each use, so a user or a test may flip one
+// between calls. Off switches (KVFLASH_SM90, _SM90_SMALL_PAGES, _SM90_MLA: a kernel family's calls
+// back to the portable kernels, to compare with or to fall back to) are on unless set to "0";
+// opt-in ones (KVFLASH_SM90_PERSISTENT: a kernel not yet validated on a GPU) are off unless "1".
 #pragma once
 
 #include <cstdlib>
@@ -11,6 +12,11 @@ namespace kvflash::core {
 inline bool env_switch_on(const char* name) {
   const char* value = std::getenv(name);
   return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
+inline bool env_opted_in(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && std::strcmp(value, "1") == 0;
 }
 
 }  // namespace kvflash::core

@@ -6,17 +6,21 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "core/env_switch.h"
 #include "cuda/sm90/launch.h"
 #include "cuda/sm90/prefill.h"
 
 namespace kvflash::cuda {
 
 // Not launched to overlap the previous kernel: a prefill grid is many CTAs (see sm80/launch.cuh).
+// KVFLASH_SM90_PERSISTENT=1 runs the persistent rung instead (prefill.h; opt-in until the GPU
+// runner has validated it: tests/gpu/run.sh's sm90persistent step).
 template <class Elem, int kHeadDim, int kHeadDimV>
 void launch_sm90_attention(const AttentionParams& p, KernelShape /*shape*/, bool /*overlap_previous*/,
                            cudaStream_t stream) {
   static_assert(kHeadDim == kHeadDimV, "the sm90 family runs d == d_v");
-  sm90::launch_prefill_rung<Elem, kHeadDim>(p, p.group, sm90::kBestRung, stream);
+  const int rung = core::env_opted_in("KVFLASH_SM90_PERSISTENT") ? sm90::kPersistentRung : sm90::kBestRung;
+  sm90::launch_prefill_rung<Elem, kHeadDim>(p, p.group, rung, stream);
 }
 
 }  // namespace kvflash::cuda
