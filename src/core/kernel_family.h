@@ -71,6 +71,17 @@ KVFLASH_HD constexpr bool sm90_takes(const FamilyInputs& in) {
          in.max_seqlen_q >= 64 && in.one_split && sm90_reads_pages(in);
 }
 
+// Tile t of the sm90 family's persistent kernel (src/cuda/sm90/prefill_kernel.cuh), over m_blocks
+// query blocks x heads x sequences: the query block first, last to first (under a causal mask the
+// longest blocks start first), then the head, then the sequence (its grid column).
+struct Sm90Tile {
+  int m_block, head, column;
+};
+KVFLASH_HD constexpr Sm90Tile sm90_persistent_tile(int t, int m_blocks, int heads, int sequences) {
+  const int columns = heads * sequences, rest = t % columns;
+  return {m_blocks - 1 - t / columns, rest % heads, rest / heads};
+}
+
 // The sm90_mla kernel's tile (src/cuda/sm90/mla_kernel.cuh): 64 packed query rows (query heads x
 // tokens of one KV head) per CTA, 64 keys per block.
 constexpr int kSm90MlaBlockM = 64;

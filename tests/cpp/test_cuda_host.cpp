@@ -273,6 +273,28 @@ TEST(KernelFamily, Sm90MlaRuleRow) {
   }
 }
 
+// The persistent sm90 kernel's tiles: every (query block, head, sequence) once, the query blocks
+// last to first (the longest causal ones start first), heads then sequences within a block.
+TEST(KernelFamily, Sm90PersistentTilesCoverTheGridLongestFirst) {
+  const int m_blocks = 4, heads = 3, sequences = 5;
+  std::set<std::tuple<int, int, int>> seen;
+  int previous_m = m_blocks;
+  for (int t = 0; t < m_blocks * heads * sequences; ++t) {
+    const core::Sm90Tile tile = core::sm90_persistent_tile(t, m_blocks, heads, sequences);
+    ASSERT_TRUE(tile.m_block >= 0 && tile.m_block < m_blocks && tile.head >= 0 && tile.head < heads &&
+                tile.column >= 0 && tile.column < sequences)
+        << t;
+    EXPECT_LE(tile.m_block, previous_m) << t;
+    previous_m = tile.m_block;
+    seen.insert({tile.m_block, tile.head, tile.column});
+  }
+  EXPECT_EQ(seen.size(), size_t(m_blocks * heads * sequences));
+  const core::Sm90Tile second = core::sm90_persistent_tile(1, m_blocks, heads, sequences);
+  EXPECT_EQ(second.m_block, m_blocks - 1);
+  EXPECT_EQ(second.head, 1);
+  EXPECT_EQ(second.column, 0);
+}
+
 // The planner on an H200: SGLang's MLA decode (one KV head, 16 query heads, page 64) runs the
 // sm90_mla kernel (unless KVFLASH_SM90_MLA=0) at its 64 x 64 tile, packed; its splits count one
 // CTA per SM (b64 x 8192: 4 splits each, 256 CTAs on 132 SMs; the portable kernels count three per

@@ -38,6 +38,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "core/kernel_family.h"
 #include "cuda/common/cta_work.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/params.h"
@@ -491,21 +492,20 @@ __device__ __forceinline__ TileWork find_tile_work(const AttentionParams& p, int
   return s.keys.lo >= s.keys.hi && !s.add_sink ? TileWork::empty : TileWork::rows;
 }
 
-// The persistent CTA's tiles t = blockIdx.x, + gridDim.x, ...: query block m_blocks - 1 - t /
-// (heads x sequences) (the longest causal blocks first), then head, then sequence. Each role walks
-// them all: work(start, head, row0, tiles before it) for the tiles with rows to compute; threads
+// The persistent CTA's tiles t = blockIdx.x, + gridDim.x, ... (core::sm90_persistent_tile: the
+// longest causal blocks first). Each role walks them all: work(start, head, row0, tiles before it) for the tiles with rows to compute; threads
 // [0, store_threads) write the rows that see no key as such (the consumers; store_threads 0: the
 // producer, within its few registers, does not).
 template <class T, class Work>
 __device__ __forceinline__ int for_each_tile(const PrefillParams<T>& params, int store_thread, int store_threads,
                                              Work work) {
-  const int heads = params.p.num_heads, columns = heads * params.p.len.batch;
   int tiles = 0;
   for (int t = blockIdx.x; t < params.num_tiles; t += gridDim.x) {
-    const int rest = t % columns, head = rest % heads;
-    const int row0 = (params.m_blocks - 1 - t / columns) * T::kBlockM;
+    const core::Sm90Tile tile =
+        core::sm90_persistent_tile(t, params.m_blocks, params.p.num_heads, params.p.len.batch);
+    const int head = tile.head, row0 = tile.m_block * T::kBlockM;
     CtaStart start;
-    const TileWork found = find_tile_work(params.p, rest / heads, row0, T::kBlockM, start);
+    const TileWork found = find_tile_work(params.p, tile.column, row0, T::kBlockM, start);
     if (found == TileWork::empty && store_threads > 0) {
       const auto zeros = [](int, int) { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); };
       store_rows<typename T::Elem>(params.p, start.dst_rows, head, row0, T::kBlockM, zeros,
