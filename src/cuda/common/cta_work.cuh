@@ -144,12 +144,14 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, const RowDe
   }
 }
 
-// Rows with no visible key in the split and no sink: out 0, LSE -inf.
+// Rows with no visible key in the split and no sink: out 0, LSE -inf (by threads [0, threads), as
+// store_rows).
 template <class Elem>
 __device__ __forceinline__ void store_empty_rows(const AttentionParams& p, const RowDestination& dst_rows, int hk,
-                                                 int row0, int rows) {
+                                                 int row0, int rows, int thread = threadIdx.x,
+                                                 int threads = blockDim.x) {
   store_rows<Elem>(p, dst_rows, hk, row0, rows, [](int, int) { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); },
-                   [](int) { return -INFINITY; });
+                   [](int) { return -INFINITY; }, thread, threads);
 }
 
 // What an attention CTA over packed rows [row0, row0 + rows) of KV head blockIdx.y starts from.

@@ -60,7 +60,7 @@ struct PrefillTraits {
   static_assert(!kPingPong || (kOverlap && kConsumerWGs_ == 2), "ping-pong: two overlapping groups");
   static constexpr bool kPersistent = kPersistent_;
   static_assert(!kPersistent || (kOverlap && !kPingPong && kConsumerWGs_ == 2), "persistent: rung 3's groups");
-  static_assert(kHeadDim % 64 == 0, "the persistent O tile swizzles 8 16-byte chunks per row");
+  static_assert(!kPersistent || kHeadDim % 64 == 0, "the persistent O tile swizzles 8 16-byte chunks per row");
   static constexpr int kConsumerThreads = 128 * kConsumerWGs;
   static constexpr int kThreads = 128 + kConsumerThreads;
   // Producer / consumer registers per thread after setmaxnreg (two consumer groups only: with one,
@@ -493,9 +493,9 @@ __device__ __forceinline__ TileWork find_tile_work(const AttentionParams& p, int
 }
 
 // The persistent CTA's tiles t = blockIdx.x, + gridDim.x, ... (core::sm90_persistent_tile: the
-// longest causal blocks first). Each role walks them all: work(start, head, row0, tiles before it) for the tiles with rows to compute; threads
-// [0, store_threads) write the rows that see no key as such (the consumers; store_threads 0: the
-// producer, within its few registers, does not).
+// longest causal blocks first). Each role walks them all: work(start, head, row0, tiles before it)
+// for the tiles with rows to compute; threads [0, store_threads) write the rows that see no key as
+// such (the consumers; store_threads 0: the producer, within its few registers, does not).
 template <class T, class Work>
 __device__ __forceinline__ int for_each_tile(const PrefillParams<T>& params, int store_thread, int store_threads,
                                              Work work) {
@@ -507,9 +507,7 @@ __device__ __forceinline__ int for_each_tile(const PrefillParams<T>& params, int
     CtaStart start;
     const TileWork found = find_tile_work(params.p, tile.column, row0, T::kBlockM, start);
     if (found == TileWork::empty && store_threads > 0) {
-      const auto zeros = [](int, int) { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); };
-      store_rows<typename T::Elem>(params.p, start.dst_rows, head, row0, T::kBlockM, zeros,
-                                   [](int) { return -INFINITY; }, store_thread, store_threads);
+      store_empty_rows<typename T::Elem>(params.p, start.dst_rows, head, row0, T::kBlockM, store_thread, store_threads);
     }
     if (found == TileWork::rows) work(start, head, row0, tiles++);
   }
