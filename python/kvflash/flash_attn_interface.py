@@ -41,6 +41,8 @@ __all__ = [
 ]
 
 _DEFAULT_QKV_DTYPE = torch.bfloat16 if torch is not None else "bfloat16"
+# Value head dims above this are MLA's latent cache (the contract allows them only with d <= 64).
+_MAX_HEADDIM_V_WITHOUT_MLA = 256
 
 # How the extension reaches frameworks it does not serve from C++ (numpy, CuPy, ...).
 _ext.set_framework_hooks(fw.allocate, fw.current_stream)
@@ -363,6 +365,12 @@ def _combine_by_torch(out_partial, lse_partial, out, lse):
     out.copy_((scale.unsqueeze(-1) * out_partial).sum(dim=0))
 
 
+def _plans_for_qv(has_qv, headdim_v):
+    if has_qv is not None:
+        return bool(has_qv)
+    return headdim_v is not None and int(headdim_v) > _MAX_HEADDIM_V_WITHOUT_MLA
+
+
 def get_scheduler_metadata(
     batch_size,
     max_seqlen_q,
@@ -385,10 +393,16 @@ def get_scheduler_metadata(
     num_splits=0,
     pack_gqa=None,
     sm_margin=0,
+    has_qv=None,
 ):
     """FA3's scheduler metadata, made once per batch and passed to every layer's call as
     scheduler_metadata: an int32 tensor of FA3's length on cache_seqlens' device. kvflash checks
-    it against each call it is given to (the whole problem when the tensor comes from here)."""
+    it against each call it is given to (the whole problem when the tensor comes from here).
+
+    has_qv (kvflash's, not FA3's): whether the calls pass qv. FA3 plans before it looks at qv, so
+    its callers cannot say; kvflash's plan depends on it (MLA runs its own kernel family), and
+    None reads it from the shape: headdim_v above 256 is MLA's latent width, which engines
+    always call with qv."""
     device_type, device_id = fw.device_of(cache_seqlens)
     left, right = _ext.window_pair(window_size)
     # The plan is made on the host: lengths on a GPU are read back once per batch.
@@ -400,7 +414,7 @@ def get_scheduler_metadata(
         None if page_size is None else int(page_size), int(max_seqlen_k_new or 0),
         bool(causal), left, right, int(attention_chunk or 0), bool(has_softcap),
         int(num_splits or 0), None if pack_gqa is None else bool(pack_gqa), int(sm_margin or 0),
-        False, device_type, device_id)
+        _plans_for_qv(has_qv, headdim_v), device_type, device_id)
     metadata = fw.int32_tensor(plan.to_fa3(), cache_seqlens)
     _remember_plan(metadata, plan)
     return metadata

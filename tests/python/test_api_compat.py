@@ -51,6 +51,8 @@ SCHEDULER = [
     ("cache_leftpad", None), ("page_size", None), ("max_seqlen_k_new", 0), ("causal", False),
     ("window_size", (-1, -1)), ("attention_chunk", 0), ("has_softcap", False), ("num_splits", 0),
     ("pack_gqa", None), ("sm_margin", 0),
+    # extra: whether the calls pass qv (None: read from headdim_v)
+    ("has_qv", None),
 ]
 
 COMBINE = [("out_partial", _), ("lse_partial", _), ("out", None), ("out_dtype", None)]

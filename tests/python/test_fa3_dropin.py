@@ -27,7 +27,7 @@ def reference(kw, **changes):
     return reference_kvcache(**arguments)[:2]
 
 
-ARRAY_ARGUMENTS = {"q", "k_cache", "v_cache", "cache_seqlens", "page_table", "cu_seqlens_q"}
+ARRAY_ARGUMENTS = {"q", "k_cache", "v_cache", "qv", "cache_seqlens", "page_table", "cu_seqlens_q"}
 
 
 # --- window_size: any pair of integers ------------------------------------------------------
@@ -115,6 +115,45 @@ def test_metadata_that_would_change_the_result_is_refused_naming_the_field(devic
                                          "batch \\(plan made for 1, call has 2\\)"):
         fai.flash_attn_with_kvcache(**kw, scheduler_metadata=metadata_for(
             kw, batch_size=1, cache_seqlens=kw["cache_seqlens"][:1]))
+
+
+def mla_call(device, rng):
+    """SGLang's MLA decode (small): the rotary part q / k_cache (d 64), the latent cache and qv
+    (d_v 512), one KV head, a paged cache of page 1 in shuffled order."""
+    lengths, heads, pages = [5, 8], 3, 16
+    table = rng.permutation(pages).reshape(B, pages // B)
+    return dict(q=device.randn(rng, B, 1, heads, 64), k_cache=device.randn(rng, pages, 1, 1, 64),
+                v_cache=device.randn(rng, pages, 1, 1, 512), qv=device.randn(rng, B, 1, heads, 512),
+                page_table=device.ints(table), cache_seqlens=device.ints(lengths), causal=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mla_metadata_made_the_fa3_way_serves_calls_with_qv(device):
+    # FA3's get_scheduler_metadata has no qv argument (FA3 plans before it reads qv): headdim_v
+    # 512 is MLA's latent width, planned for calls that pass qv.
+    device, rng = Device(device), np.random.default_rng(5)
+    kw = mla_call(device, rng)
+    own = fai.flash_attn_with_kvcache(**kw)
+    want = reference(kw)[0]
+    assert_close(own, want, device.tol)
+    arguments = dict(batch_size=B, max_seqlen_q=1, max_seqlen_k=8, num_heads_q=3, num_heads_kv=1,
+                     headdim=64, cache_seqlens=kw["cache_seqlens"], qkv_dtype=device.float_dtype,
+                     headdim_v=512, page_size=1, causal=True)
+    for has_qv in (None, True):
+        metadata = fai.get_scheduler_metadata(**arguments, has_qv=has_qv)
+        assert fai._plan_for(metadata).key.has_qv
+        assert_same(fai.flash_attn_with_kvcache(**kw, scheduler_metadata=metadata), own)
+    # Below MLA's width, None plans without qv, as FA3 does.
+    narrow = fai.get_scheduler_metadata(**{**arguments, "headdim_v": 256})
+    assert not fai._plan_for(narrow).key.has_qv
+    # Planned without qv: the same plan on the CPU; on sm_90 a different kernel family, refused
+    # by name (the error the bench met before has_qv was read from the shape).
+    metadata = fai.get_scheduler_metadata(**arguments, has_qv=False)
+    try:
+        assert_same(fai.flash_attn_with_kvcache(**kw, scheduler_metadata=metadata), own)
+    except ValueError as e:
+        assert str(e).startswith("scheduler_metadata was made for a different problem: has_qv "
+                                 "(plan made for false, call has true)"), e
 
 
 # --- flash_attn_varlen_func: seqused_q, seqused_k, a paged K/V --------------------------------
