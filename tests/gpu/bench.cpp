@@ -2,6 +2,7 @@
 // several calls, each call with a Plan and a workspace; median of the repeats):
 //   paged decode, page 16, 32 / 8 heads, d 128: batch 64 x 8192 (TB/s of K+V read) and
 //   batch 1 x 8192 (us per call; the graph cycles through 16 disjoint page sets, 128 MB, past L2);
+//   the same two over an fp8 e4m3 cache (bf16 query, descales 1; TB/s of the fp8 bytes read);
 //   prefill, one sequence of 16384 tokens, 16 heads, d 128, non-causal (TFLOP/s);
 //   MLA decode (issue 16), page 64, one KV head, q / k_cache d 64, qv / v_cache d 512: 16 query
 //   heads at batch 64 x 8192 (TB/s of cache read, memory bound) and 128 query heads at batch
@@ -17,33 +18,50 @@
 #include <string>
 #include <vector>
 
+#include "core/numeric.h"
 #include "gpu/gpu_util.h"
 #include "kvflash/kvflash.h"
 
 namespace kvflash::gpu_test {
 namespace {
 
-// Device buffer of `count` bf16 values N(0, 1) (a 16M-element random block repeated).
-void* random_bf16(size_t count) {
-  static std::vector<uint16_t> block = [] {
-    std::vector<uint16_t> b(size_t{1} << 24);
-    std::mt19937 rng(7);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (auto& x : b) {
-      float f = normal(rng);
-      uint32_t u;
-      std::memcpy(&u, &f, 4);
-      x = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    }
-    return b;
-  }();
+// A 16M-element block of N(0, 1) values in Storage, rounded by `round`.
+template <class Storage, class Round>
+std::vector<Storage> normal_block(Round round) {
+  std::vector<Storage> b(size_t{1} << 24);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto& x : b) x = round(normal(rng));
+  return b;
+}
+
+// Device buffer of `count` values of `block` (repeated).
+template <class Storage>
+void* repeated(const std::vector<Storage>& block, size_t count) {
   void* d = nullptr;
-  check(cudaMalloc(&d, count * 2), "cudaMalloc");
+  check(cudaMalloc(&d, count * sizeof(Storage)), "cudaMalloc");
   for (size_t at = 0; at < count; at += block.size()) {
     const size_t n = std::min(block.size(), count - at);
-    check(cudaMemcpy(static_cast<uint16_t*>(d) + at, block.data(), n * 2, cudaMemcpyHostToDevice), "fill");
+    check(cudaMemcpy(static_cast<Storage*>(d) + at, block.data(), n * sizeof(Storage), cudaMemcpyHostToDevice),
+          "fill");
   }
   return d;
+}
+
+// Device buffer of `count` bf16 values N(0, 1).
+void* random_bf16(size_t count) {
+  static const std::vector<uint16_t> block = normal_block<uint16_t>([](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  });
+  return repeated(block, count);
+}
+
+// Device buffer of `count` e4m3 values N(0, 1) (an fp8 cache with descale 1).
+void* random_e4m3(size_t count) {
+  static const std::vector<uint8_t> block = normal_block<uint8_t>(core::float_to_e4m3);
+  return repeated(block, count);
 }
 
 void* device_ints(const std::vector<int32_t>& v) {
@@ -105,13 +123,15 @@ struct Result {
   const char* unit;
 };
 
-Result bench_decode(int batch, int context, int page_sets) {
+// cache: bf16, or e4m3 (a bf16 query over an fp8 cache, issue 15).
+Result bench_decode(int batch, int context, int page_sets, DType cache = DType::bf16) {
   constexpr int kHeads = 32, kHeadsK = 8, kDim = 128, kPage = 16;
   const int pages_per_seq = context / kPage;
   const int num_pages = batch * pages_per_seq * page_sets;
   const size_t cache_elems = size_t(num_pages) * kPage * kHeadsK * kDim;
-  void* k_cache = random_bf16(cache_elems);
-  void* v_cache = random_bf16(cache_elems);
+  const bool fp8 = cache == DType::e4m3;
+  void* k_cache = fp8 ? random_e4m3(cache_elems) : random_bf16(cache_elems);
+  void* v_cache = fp8 ? random_e4m3(cache_elems) : random_bf16(cache_elems);
   void* q = random_bf16(size_t(batch) * kHeads * kDim);
   void* out = random_bf16(size_t(batch) * kHeads * kDim);
   float* lse = nullptr;
@@ -126,8 +146,8 @@ Result bench_decode(int batch, int context, int page_sets) {
                                pages.begin() + size_t(s + 1) * batch * pages_per_seq);
     KvCacheArgs a;
     a.q = cuda_view(q, DType::bf16, {batch, 1, kHeads, kDim});
-    a.k_cache = cuda_view(k_cache, DType::bf16, {num_pages, kPage, kHeadsK, kDim});
-    a.v_cache = cuda_view(v_cache, DType::bf16, {num_pages, kPage, kHeadsK, kDim});
+    a.k_cache = cuda_view(k_cache, cache, {num_pages, kPage, kHeadsK, kDim});
+    a.v_cache = cuda_view(v_cache, cache, {num_pages, kPage, kHeadsK, kDim});
     a.page_table = cuda_view(device_ints(table), DType::i32, {batch, pages_per_seq});
     a.cache_seqlens = cuda_view(seqlens, DType::i32, {batch});
     a.causal = true;
@@ -137,8 +157,10 @@ Result bench_decode(int batch, int context, int page_sets) {
   o.out = cuda_view(out, DType::bf16, {batch, 1, kHeads, kDim});
   o.softmax_lse = cuda_view(lse, DType::f32, {batch, kHeads, 1});
   const double ms = time_calls(calls, o, 20);
-  const double bytes = 2.0 * batch * context * kHeadsK * kDim * 2;
-  return {batch == 1 ? "decode b1 x 8192 (us)" : "decode b64 x 8192 (TB/s)", ms, bytes / (ms * 1e-3) / 1e12, "TB/s"};
+  const double bytes = 2.0 * batch * context * kHeadsK * kDim * (fp8 ? 1 : 2);
+  const char* name = fp8 ? (batch == 1 ? "decode fp8 b1 x 8192 (us)" : "decode fp8 b64 x 8192 (TB/s)")
+                         : (batch == 1 ? "decode b1 x 8192 (us)" : "decode b64 x 8192 (TB/s)");
+  return {name, ms, bytes / (ms * 1e-3) / 1e12, "TB/s"};
 }
 
 Result bench_prefill(int seqlen, bool causal) {
@@ -211,6 +233,8 @@ int run_bench(const std::string& only) {
   try {
     if (wanted("decode64")) results.push_back(bench_decode(64, 8192, 1));
     if (wanted("decode1")) results.push_back(bench_decode(1, 8192, 16));
+    if (wanted("decode64_fp8")) results.push_back(bench_decode(64, 8192, 1, DType::e4m3));
+    if (wanted("decode1_fp8")) results.push_back(bench_decode(1, 8192, 16, DType::e4m3));
     if (wanted("prefill")) results.push_back(bench_prefill(16384, false));
     if (wanted("prefill_causal")) results.push_back(bench_prefill(16384, true));
     if (wanted("mla16")) results.push_back(bench_mla(64, 16, 8192));

@@ -96,4 +96,12 @@ __device__ __forceinline__ void load_chunk(Elem* dst, const Src* src, bool valid
   }
 }
 
+// Sixteen e4m3 values staged raw in shared memory (16 bytes, 16-byte aligned) as sixteen Elem.
+template <class Elem>
+__device__ __forceinline__ void convert_chunk16(Elem* dst, const unsigned char* raw16) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(raw16);
+  *reinterpret_cast<uint4*>(dst) = e4m3x8_to<Elem>(make_uint2(raw.x, raw.y));
+  *reinterpret_cast<uint4*>(dst + 8) = e4m3x8_to<Elem>(make_uint2(raw.z, raw.w));
+}
+
 }  // namespace kvflash::cuda

@@ -15,8 +15,13 @@
 // would take 64 registers per 8-row tile next to the 128 of the accumulators). Without q.k
 // (only_qv: headdim 0) K and q are neither read nor multiplied.
 //
-// Over an fp8 cache (E4m3Cache rows) K / V chunks are converted into the query's type on their way
-// to shared memory (common/fp8.cuh load_chunk) and the descales scale the scores and the output.
+// Over an fp8 cache (E4m3Cache rows) the descales scale the scores and the output, and K / V reach
+// the mma in the query's type. Up to head dim 128 the warp's ring holds the raw e4m3 bytes, copied
+// by cp.async like a 16-bit cache (a load converted in registers would stall its thread until the
+// bytes arrive: 0.76 TB/s at b64 x 8k on the H200, session 11); each lane converts the chunks it
+// copied itself (its own cp.async wait makes them visible to it) into one 16-bit K / V tile before
+// the step's math. Wider heads (the ring would not fit next to the tile) convert on the way in
+// (common/fp8.cuh load_chunk).
 //
 // Loads are cp.async with zero fill, as in the prefill kernel: rows outside the CTA's keys, at a
 // bad page id or past the real head dim are never read, and masked scores are -inf before the
@@ -56,14 +61,18 @@ struct DecodeTraits {
   // heads, d 128: three CTAs, 12 warps, per SM keep ~100 KB of loads in flight per SM, more than
   // DRAM latency needs). Wider heads take one (69 KB at d 256, within every sm80+ GPU's limit;
   // the SM's other warps overlap their loads).
-  static constexpr int kStages = kWidest <= 128 ? 2 : 1;
+  // An fp8 ring holds half the bytes per step: three stages keep two steps (8 KB) in flight.
+  static constexpr bool kRawRing = kFp8Cache && kWidest <= 128;
+  static constexpr int kStages = kRawRing ? 3 : kWidest <= 128 ? 2 : 1;
+  static constexpr int kTileStages = kRawRing ? 1 : kStages;  // 16-bit K / V tiles
+  static constexpr int kRawStageBytes = kRawRing ? kStepKeys * (kHeadDim + kHeadDimV) : 0;
   // Rows padded by 16 bytes so ldmatrix over 8 consecutive rows hits 8 different bank groups.
   static constexpr int kKStride = kHeadDim + 8;
   static constexpr int kVStride = kHeadDimV + 8;
   static constexpr int kKStageElems = kStepKeys * kKStride;
   static constexpr int kVStageElems = kStepKeys * kVStride;
-  static constexpr int kWarpBytes =
-      kStages * ((kKStageElems + kVStageElems) * int(sizeof(Elem)) + kStepKeys * 16);  // + row offsets
+  static constexpr int kWarpBytes = kTileStages * (kKStageElems + kVStageElems) * int(sizeof(Elem)) +
+                                    kStages * (kRawStageBytes + kStepKeys * 16);  // + row offsets
   static constexpr int kOStride = kHeadDimV + 4;  // fp32 epilogue rows, conflict-free writes
   static constexpr int kLoopBytes = kWarps * kWarpBytes;
   static constexpr int kEpilogueBytes = kWarps * kRows * kOStride * 4;  // each warp's normalised O
@@ -75,10 +84,10 @@ struct DecodeTraits {
   static constexpr int kQvBytes = kTakesQv ? kRows * kQvStride * int(sizeof(Elem)) : 0;
   static constexpr int kSmemBytes = kBufferBytes + kStatsBytes + kQvBytes;
   // Three CTAs per SM at head dims up to 128 (72 KB of shared memory each; the portable split
-  // rule, core/split_rule.h, counts that many CTA slots per SM). d 64 / d_v 512: 83 KB, within
-  // the 99 KB a CTA may have on every sm80+ GPU.
+  // rule, core/split_rule.h, counts that many CTA slots per SM; the fp8 ring's 87 KB leave two).
+  // d 64 / d_v 512: 83 KB, within the 99 KB a CTA may have on every sm80+ GPU.
   static_assert(kSmemBytes <= 99 * 1024, "fits every sm80+ GPU");
-  static constexpr int kMinBlocks = kWidest <= 128 ? 3 : 1;
+  static constexpr int kMinBlocks = kRawRing ? 2 : kWidest <= 128 ? 3 : 1;
   static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0, "head dims are multiples of 16");
 };
 
@@ -164,11 +173,13 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
     __syncthreads();
   }
 
-  // This warp's buffers: [kStages][kStepKeys][kKStride] K, then the same for V, then the K / V
-  // offsets of each stage's key rows.
+  // This warp's buffers: [kTileStages][kStepKeys][kKStride] K, then the same for V, then (fp8
+  // ring) [kStages][kStepKeys] raw K rows followed by raw V rows, then the K / V offsets of each
+  // stage's key rows.
   Elem* sK = reinterpret_cast<Elem*>(smem_raw + warp * T::kWarpBytes);
-  Elem* sV = sK + T::kStages * T::kKStageElems;
-  auto* sRows = reinterpret_cast<RowOffsets*>(sV + T::kStages * T::kVStageElems);  // [kStages][kStepKeys]
+  Elem* sV = sK + T::kTileStages * T::kKStageElems;
+  auto* sRaw = reinterpret_cast<unsigned char*>(sV + T::kTileStages * T::kVStageElems);
+  auto* sRows = reinterpret_cast<RowOffsets*>(sRaw + T::kStages * T::kRawStageBytes);  // [kStages][kStepKeys]
   const Cache* k_base = static_cast<const Cache*>(p.cache.k);
   const Cache* v_base = static_cast<const Cache*>(p.cache.v);
 
@@ -204,12 +215,50 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
       load_chunk(dst + r * stride + c * 8, base + (ok ? offset + c * 8 : 0), ok);
     }
   };
+  // The fp8 ring's copies and conversions: lane `lane` takes the 16-byte chunks e = lane + 32 i,
+  // chunk e % kChunks of row e / kChunks, in both, so it converts only bytes it copied.
+  auto for_my_raw_chunks = [&](auto chunks_c, auto&& body) {
+    constexpr int kChunks = decltype(chunks_c)::value;
+#pragma unroll
+    for (int i = 0; i < T::kStepKeys * kChunks / 32; ++i) {
+      const int e = lane + 32 * i;
+      body(e / kChunks, e % kChunks);
+    }
+  };
+  constexpr auto kKRawChunks = std::integral_constant<int, T::kHeadDim / 16>{};
+  constexpr auto kVRawChunks = std::integral_constant<int, T::kHeadDimV / 16>{};
+  constexpr int kKRawBytes = T::kStepKeys * T::kHeadDim;  // the stage's K rows, then its V rows
+  auto copy_raw_rows = [&](unsigned char* dst, const Cache* base, const RowOffsets* rows, bool is_v, auto chunks_c,
+                           int valid_chunks) {
+    constexpr int kRowBytes = 16 * decltype(chunks_c)::value;
+    for_my_raw_chunks(chunks_c, [&](int r, int c) {
+      const int64_t offset = is_v ? rows[r].v : rows[r].k;
+      const bool ok = offset >= 0 && c < valid_chunks;
+      cp_async_16(smem_addr(dst + r * kRowBytes + c * 16), base + (ok ? offset + c * 16 : 0), ok);
+    });
+  };
   auto copy_step = [&](int stage) {
     const RowOffsets* rows = sRows + stage * T::kStepKeys;
-    copy_rows(sK + stage * T::kKStageElems, k_base, rows, false, std::integral_constant<int, T::kHeadDim / 8>{},
-              T::kKStride, p.headdim / 8);
-    copy_rows(sV + stage * T::kVStageElems, v_base, rows, true, std::integral_constant<int, T::kHeadDimV / 8>{},
-              T::kVStride, p.headdim_v / 8);
+    if constexpr (T::kRawRing) {
+      unsigned char* raw = sRaw + stage * T::kRawStageBytes;
+      copy_raw_rows(raw, k_base, rows, false, kKRawChunks, p.headdim / 16);
+      copy_raw_rows(raw + kKRawBytes, v_base, rows, true, kVRawChunks, p.headdim_v / 16);
+    } else {
+      copy_rows(sK + stage * T::kKStageElems, k_base, rows, false, std::integral_constant<int, T::kHeadDim / 8>{},
+                T::kKStride, p.headdim / 8);
+      copy_rows(sV + stage * T::kVStageElems, v_base, rows, true, std::integral_constant<int, T::kHeadDimV / 8>{},
+                T::kVStride, p.headdim_v / 8);
+    }
+  };
+  // The fp8 ring's landed stage into the warp's 16-bit tile (the lane's own chunks).
+  auto convert_step = [&](int stage) {
+    const unsigned char* raw = sRaw + stage * T::kRawStageBytes;
+    for_my_raw_chunks(kKRawChunks, [&](int r, int c) {
+      convert_chunk16(sK + r * T::kKStride + c * 16, raw + (r * kKRawChunks + c) * 16);
+    });
+    for_my_raw_chunks(kVRawChunks, [&](int r, int c) {
+      convert_chunk16(sV + r * T::kVStride + c * 16, raw + kKRawBytes + (r * kVRawChunks + c) * 16);
+    });
   };
 
   const Fp8Descales descales = T::kFp8Cache ? Fp8Descales(p, start.col.b, hk) : Fp8Descales();
@@ -359,8 +408,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
     cp_async_commit();
     const RowOffsets after = locate(ahead + 1);
     cp_async_wait<T::kStages - 1>();
-    __syncwarp();  // step i landed for every lane
-    compute_step(i % T::kStages, step_key0(i));
+    if constexpr (T::kRawRing) convert_step(i % T::kStages);
+    __syncwarp();  // step i landed (and was converted) for every lane
+    compute_step(T::kRawRing ? 0 : i % T::kStages, step_key0(i));
     publish((ahead + 1) % T::kStages, after);
     __syncwarp();  // every lane is done with the buffer the next round refills; offsets are in
   }
