@@ -131,9 +131,12 @@ int batch_invariant_num_splits(const PlanKey& key, TileSize tile) {
 
 // The split bound a plan of `family` at `tile` gets: asked for, batch-invariant, or heuristic.
 // The family choice asks it too, so a family that runs one split never gets a plan of more.
+// Batch-invariant mode on the sm90 family: one split, a rule of the sequence alone as much as 16
+// key blocks per split is (on sm80 its splits made batch-invariant prefill 5-12x slower than the
+// default call: bench/results/2026-12-04's kvflash-bi rows).
 int planned_num_splits(const PlanKey& key, KernelFamily family, const MaskShape& mask, TileSize tile) {
   if (key.num_splits > 0) return key.num_splits;
-  if (key.batch_invariant) return batch_invariant_num_splits(key, tile);
+  if (key.batch_invariant) return family == KernelFamily::sm90 ? 1 : batch_invariant_num_splits(key, tile);
   return get_num_splits(key, family, mask, tile);
 }
 
@@ -159,8 +162,8 @@ FamilyInputs family_inputs(const PlanKey& key) {
   in.sm90_enabled = sm90 && env_switch_on("KVFLASH_SM90");
   in.sm90_small_pages = sm90 && env_switch_on("KVFLASH_SM90_SMALL_PAGES");
   in.sm90_mla = sm90 && env_switch_on("KVFLASH_SM90_MLA");
-  // The sm90 kernels run one split: a call that asks for more, or that the plan would split at
-  // the sm90 tile (FA3's rule, or batch-invariant mode's), stays on the sm80 family.
+  // The sm90 kernels run one split: a call that asks for more, or that FA3's rule would split at
+  // the sm90 tile, stays on the sm80 family (batch-invariant mode plans it one split).
   if (key.num_splits <= 1 && key.arch == 90) {
     const MaskShape mask = normalise_mask(key);
     const TileSize tile = family_tile(KernelFamily::sm90, tile_inputs(key, mask, false));

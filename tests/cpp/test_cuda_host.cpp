@@ -454,23 +454,29 @@ TEST(KernelFamily, PaddedPromptBatchesRunSm90) {
             KernelFamily::sm80);
 }
 
-// Batch-invariant mode splits by its own rule (16 key blocks per split): a call it splits stays on
-// sm80, one it does not split may run sm90. (The peers suite's kvflash-bi rows on the H200 caught
-// sm90 plans of 2-16 splits, which ran one split and combined unwritten partials.)
-TEST(KernelFamily, BatchInvariantSplitsStayOffSm90) {
+// Batch-invariant mode splits by its own rule (16 key blocks per split) on the sm80 family; a
+// prefill the sm90 family takes runs there unsplit, every sequence one split whatever its length
+// (the peers suite's kvflash-bi rows on the H200 caught sm90 plans of 2-16 splits, which ran one
+// split and combined unwritten partials; then, kept on sm80, prefill 5-12x slower than sm90).
+TEST(KernelFamily, BatchInvariantPrefillRunsSm90Unsplit) {
   PlanKey raw;
   raw.batch = 4, raw.max_seqlen_q = 4096, raw.max_seqlen_k = 4096, raw.causal = true;
   raw.num_heads = raw.num_heads_k = 32, raw.headdim = raw.headdim_v = 64, raw.dtype = DType::bf16;
   raw.batch_invariant = true;
   const PlanKey key = core::canonical_key(raw, core::DeviceInfo{132, 90});
-  const Plan plan = core::static_plan(key);
-  EXPECT_GT(plan.num_splits, 1);
-  EXPECT_EQ(plan.kernel.family, KernelFamily::sm80);
-  PlanKey one_block = raw;  // 2,048 keys: 16 blocks of 128, one batch-invariant split
-  one_block.max_seqlen_q = one_block.max_seqlen_k = 2048;
-  const Plan short_plan = core::static_plan(core::canonical_key(one_block, core::DeviceInfo{132, 90}));
-  EXPECT_EQ(short_plan.kernel.family, KernelFamily::sm90);
-  EXPECT_EQ(short_plan.num_splits, 1);
+  Plan plan = core::static_plan(key);
+  EXPECT_EQ(plan.kernel.family, KernelFamily::sm90);
+  EXPECT_EQ(plan.num_splits, 1);
+  core::plan_batches(plan, std::vector<core::SeqLengths>(4, core::SeqLengths{4096, 4096}));
+  for (int32_t splits : plan.num_splits_dynamic) EXPECT_EQ(splits, 1);
+  // The same keys under one query row (decode: the sm80 family) split by the mode's rule.
+  PlanKey decode = raw;
+  decode.max_seqlen_q = 1;
+  Plan decode_plan = core::static_plan(core::canonical_key(decode, core::DeviceInfo{132, 90}));
+  EXPECT_EQ(decode_plan.kernel.family, KernelFamily::sm80);
+  EXPECT_GT(decode_plan.num_splits, 1);
+  core::plan_batches(decode_plan, std::vector<core::SeqLengths>(4, core::SeqLengths{1, 4096}));
+  EXPECT_GT(decode_plan.num_splits_dynamic[0], 1);
 }
 
 TEST(KernelFamily, RuleRows) {
