@@ -201,23 +201,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
   auto publish = [&](int stage, const RowOffsets& rows) {
     if (lane < T::kStepKeys) sRows[stage * T::kStepKeys + lane] = rows;
   };
-  // The step in `stage`, rows from its offsets: copy e of the warp takes chunk e % kChunks of row
-  // e / kChunks, so every copy instruction reads whole rows (full 128-byte lines).
-  auto copy_rows = [&](Elem* dst, const Cache* base, const RowOffsets* rows, bool is_v, auto chunks_c, int stride,
-                       int valid_chunks) {
-    constexpr int kChunks = decltype(chunks_c)::value;
-#pragma unroll
-    for (int i = 0; i < T::kStepKeys * kChunks / 32; ++i) {
-      const int e = lane + 32 * i;
-      const int r = e / kChunks, c = e % kChunks;
-      const int64_t offset = is_v ? rows[r].v : rows[r].k;
-      const bool ok = offset >= 0 && c < valid_chunks;
-      load_chunk(dst + r * stride + c * 8, base + (ok ? offset + c * 8 : 0), ok);
-    }
-  };
-  // The fp8 ring's copies and conversions: lane `lane` takes the 16-byte chunks e = lane + 32 i,
-  // chunk e % kChunks of row e / kChunks, in both, so it converts only bytes it copied.
-  auto for_my_raw_chunks = [&](auto chunks_c, auto&& body) {
+  // The warp's copies of a step: lane `lane` takes chunks e = lane + 32 i, chunk e % kChunks of
+  // row e / kChunks, so every copy instruction reads whole rows (full 128-byte lines); the fp8
+  // ring's conversions walk the same chunks, so a lane converts only bytes it copied.
+  auto for_my_chunks = [&](auto chunks_c, auto&& body) {
     constexpr int kChunks = decltype(chunks_c)::value;
 #pragma unroll
     for (int i = 0; i < T::kStepKeys * kChunks / 32; ++i) {
@@ -225,13 +212,23 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
       body(e / kChunks, e % kChunks);
     }
   };
+  // The step in `stage`, rows from its offsets (8-element chunks, converted on the way for an fp8
+  // cache wider than the ring takes).
+  auto copy_rows = [&](Elem* dst, const Cache* base, const RowOffsets* rows, bool is_v, auto chunks_c, int stride,
+                       int valid_chunks) {
+    for_my_chunks(chunks_c, [&](int r, int c) {
+      const int64_t offset = is_v ? rows[r].v : rows[r].k;
+      const bool ok = offset >= 0 && c < valid_chunks;
+      load_chunk(dst + r * stride + c * 8, base + (ok ? offset + c * 8 : 0), ok);
+    });
+  };
   constexpr auto kKRawChunks = std::integral_constant<int, T::kHeadDim / 16>{};
   constexpr auto kVRawChunks = std::integral_constant<int, T::kHeadDimV / 16>{};
   constexpr int kKRawBytes = T::kStepKeys * T::kHeadDim;  // the stage's K rows, then its V rows
   auto copy_raw_rows = [&](unsigned char* dst, const Cache* base, const RowOffsets* rows, bool is_v, auto chunks_c,
                            int valid_chunks) {
     constexpr int kRowBytes = 16 * decltype(chunks_c)::value;
-    for_my_raw_chunks(chunks_c, [&](int r, int c) {
+    for_my_chunks(chunks_c, [&](int r, int c) {
       const int64_t offset = is_v ? rows[r].v : rows[r].k;
       const bool ok = offset >= 0 && c < valid_chunks;
       cp_async_16(smem_addr(dst + r * kRowBytes + c * 16), base + (ok ? offset + c * 16 : 0), ok);
@@ -253,10 +250,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
   // The fp8 ring's landed stage into the warp's 16-bit tile (the lane's own chunks).
   auto convert_step = [&](int stage) {
     const unsigned char* raw = sRaw + stage * T::kRawStageBytes;
-    for_my_raw_chunks(kKRawChunks, [&](int r, int c) {
+    for_my_chunks(kKRawChunks, [&](int r, int c) {
       convert_chunk16(sK + r * T::kKStride + c * 16, raw + (r * kKRawChunks + c) * 16);
     });
-    for_my_raw_chunks(kVRawChunks, [&](int r, int c) {
+    for_my_chunks(kVRawChunks, [&](int r, int c) {
       convert_chunk16(sV + r * T::kVStride + c * 16, raw + kKRawBytes + (r * kVRawChunks + c) * 16);
     });
   };

@@ -13,8 +13,8 @@
 namespace kvflash::cuda {
 
 // Not launched to overlap the previous kernel: a prefill grid is many CTAs (see sm80/launch.cuh).
-// KVFLASH_SM90_PERSISTENT=1 runs the persistent rung instead (prefill.h; opt-in until the GPU
-// runner has validated it: tests/gpu/run.sh's sm90persistent step).
+// KVFLASH_SM90_PERSISTENT=1 runs the persistent rung instead (prefill.h; opt-in: correct on the
+// H200 but slower than rung 3 on six of eight shapes, BENCHMARKS.md session 11).
 template <class Elem, int kHeadDim, int kHeadDimV>
 void launch_sm90_attention(const AttentionParams& p, KernelShape /*shape*/, bool /*overlap_previous*/,
                            cudaStream_t stream) {

@@ -18,8 +18,8 @@ constexpr int prefill_block_n(int headdim) { return core::sm90_block_n(headdim);
 // 1: one consumer warp group (64 rows); 2: two consumer groups (128 rows) with the producer's
 // registers given to them; 3: 2 + the softmax of one key block overlapping the next GEMMs inside
 // a group; 4: 3 + the groups taking turns at the tensor cores (ping-pong); 5: 3 made persistent
-// (one CTA per SM walks the tiles; written without a GPU, session 10: timed and checked by
-// `kvflash_gpu_runner sm90bench`, not yet run).
+// (one CTA per SM walks the tiles; session 11 on the H200: correct, slower than 3 on six of eight
+// shapes, up to 20 % at d 256 causal).
 // Rung 3 runs: rung 4 is 2 % faster at d 128 and slower at d 64 / 256 (BENCHMARKS.md, session 5),
 // and compute-sanitizer's racecheck reports epilogue hazards in rung 4 only (a tool that counts
 // the turn barriers' bar.arrive as no barrier would see the groups one barrier apart there).
