@@ -63,22 +63,23 @@ __device__ __forceinline__ __half2 e4m3x2_to_half2(uint32_t pair) {
 #endif
 }
 
+// Two e4m3 values (the low 16 bits of `pair`, first value lowest) as a packed pair of Elem, exactly.
+template <class Elem>
+__device__ __forceinline__ uint32_t e4m3x2_to(uint32_t pair) {
+  const __half2 h = e4m3x2_to_half2(pair);
+  if constexpr (std::is_same_v<Elem, __half>) {
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const float2 f = __half22float2(h);
+    return pack2<Elem>(f.x, f.y);
+  }
+}
+
 // Eight e4m3 values (8 bytes) as eight Elem (16 bytes), exactly.
 template <class Elem>
 __device__ __forceinline__ uint4 e4m3x8_to(uint2 raw) {
-  uint32_t out[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t word = i < 2 ? raw.x : raw.y;
-    const __half2 h = e4m3x2_to_half2(word >> (16 * (i % 2)));
-    if constexpr (std::is_same_v<Elem, __half>) {
-      out[i] = *reinterpret_cast<const uint32_t*>(&h);
-    } else {
-      const float2 f = __half22float2(h);
-      out[i] = pack2<Elem>(f.x, f.y);
-    }
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
+  return make_uint4(e4m3x2_to<Elem>(raw.x), e4m3x2_to<Elem>(raw.x >> 16), e4m3x2_to<Elem>(raw.y),
+                    e4m3x2_to<Elem>(raw.y >> 16));
 }
 
 // One chunk of 8 elements, global -> shared as Elem (valid false: zeros, reading nothing from src,
@@ -94,14 +95,6 @@ __device__ __forceinline__ void load_chunk(Elem* dst, const Src* src, bool valid
     const uint2 raw = valid ? *reinterpret_cast<const uint2*>(src) : make_uint2(0u, 0u);
     *reinterpret_cast<uint4*>(dst) = e4m3x8_to<Elem>(raw);
   }
-}
-
-// Sixteen e4m3 values staged raw in shared memory (16 bytes, 16-byte aligned) as sixteen Elem.
-template <class Elem>
-__device__ __forceinline__ void convert_chunk16(Elem* dst, const unsigned char* raw16) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(raw16);
-  *reinterpret_cast<uint4*>(dst) = e4m3x8_to<Elem>(make_uint2(raw.x, raw.y));
-  *reinterpret_cast<uint4*>(dst + 8) = e4m3x8_to<Elem>(make_uint2(raw.z, raw.w));
 }
 
 }  // namespace kvflash::cuda

@@ -18,10 +18,19 @@
 // Over an fp8 cache (E4m3Cache rows) the descales scale the scores and the output, and K / V reach
 // the mma in the query's type. Up to head dim 128 the warp's ring holds the raw e4m3 bytes, copied
 // by cp.async like a 16-bit cache (a load converted in registers would stall its thread until the
-// bytes arrive: 0.76 TB/s at b64 x 8k on the H200, session 11); each lane converts the chunks it
-// copied itself (its own cp.async wait makes them visible to it) into one 16-bit K / V tile before
-// the step's math. Wider heads (the ring would not fit next to the tile) convert on the way in
-// (common/fp8.cuh load_chunk).
+// bytes arrive: 0.76 TB/s at b64 x 8k on the H200, session 11), and the mma's A fragments come
+// from it directly: ldmatrix over the bytes as 16-bit units, each 32-bit register converted into
+// two. No 16-bit tile, so the ring is deep (a tile per warp next to a 3-stage ring ran two CTAs
+// per SM, 64 KB in flight per SM, 1.96 TB/s). The fragments' element orders differ from the
+// 16-bit ones, which the contractions and the epilogue absorb:
+//  - K: a lane's register holds 4 consecutive dims of one key (dims 4t..4t+3 of a 16-dim chunk),
+//    so a k-step's A pairs are dims (4t, 4t+1) and (4t+2, 4t+3) instead of (2t, 2t+1) and
+//    (2t+8, 2t+9); Q's B fragments are loaded in that order (the sum over dims is unchanged).
+//  - V (ldmatrix.trans): a register holds dims (2g, 2g+1) of keys 2t and 2t+1; one byte permute
+//    pairs the keys per dim, so an M tile's rows g and g+8 are dims 2g and 2g+1 of its 16-dim
+//    chunk, and the epilogue writes them there.
+// Wider heads (the ring would not fit) convert on the way into the 16-bit tile (common/fp8.cuh
+// load_chunk).
 //
 // Loads are cp.async with zero fill, as in the prefill kernel: rows outside the CTA's keys, at a
 // bad page id or past the real head dim are never read, and masked scores are -inf before the
@@ -61,10 +70,11 @@ struct DecodeTraits {
   // heads, d 128: three CTAs, 12 warps, per SM keep ~100 KB of loads in flight per SM, more than
   // DRAM latency needs). Wider heads take one (69 KB at d 256, within every sm80+ GPU's limit;
   // the SM's other warps overlap their loads).
-  // An fp8 ring holds half the bytes per step: three stages keep two steps (8 KB) in flight.
+  // An fp8 ring (no 16-bit tile) holds half the bytes per step: four stages keep three steps
+  // (12 KB at d 128) in flight per warp, 144 KB per SM at three CTAs.
   static constexpr bool kRawRing = kFp8Cache && kWidest <= 128;
-  static constexpr int kStages = kRawRing ? 3 : kWidest <= 128 ? 2 : 1;
-  static constexpr int kTileStages = kRawRing ? 1 : kStages;  // 16-bit K / V tiles
+  static constexpr int kStages = kRawRing ? 4 : kWidest <= 128 ? 2 : 1;
+  static constexpr int kTileStages = kRawRing ? 0 : kStages;  // 16-bit K / V tiles
   static constexpr int kRawStageBytes = kRawRing ? kStepKeys * (kHeadDim + kHeadDimV) : 0;
   // Rows padded by 16 bytes so ldmatrix over 8 consecutive rows hits 8 different bank groups.
   static constexpr int kKStride = kHeadDim + 8;
@@ -83,11 +93,14 @@ struct DecodeTraits {
   static constexpr int kQvStride = kHeadDimV + 8;
   static constexpr int kQvBytes = kTakesQv ? kRows * kQvStride * int(sizeof(Elem)) : 0;
   static constexpr int kSmemBytes = kBufferBytes + kStatsBytes + kQvBytes;
-  // Three CTAs per SM at head dims up to 128 (72 KB of shared memory each; the portable split
-  // rule, core/split_rule.h, counts that many CTA slots per SM; the fp8 ring's 87 KB leave two).
+  // Three CTAs per SM at head dims up to 128 (72 KB of shared memory each, the fp8 ring's 70 KB;
+  // the portable split rule, core/split_rule.h, counts that many CTA slots per SM).
   // d 64 / d_v 512: 83 KB, within the 99 KB a CTA may have on every sm80+ GPU.
   static_assert(kSmemBytes <= 99 * 1024, "fits every sm80+ GPU");
-  static constexpr int kMinBlocks = kRawRing ? 2 : kWidest <= 128 ? 3 : 1;
+  static constexpr int kMinBlocks = kWidest <= 128 ? 3 : 1;
+  // The fp8 ring's rows are whole 16-byte chunks, 4 or 8 of them (e4m3 head dims 64 and 128).
+  static_assert(!kRawRing || ((kHeadDim == 64 || kHeadDim == 128) && (kHeadDimV == 64 || kHeadDimV == 128)),
+                "the fp8 ring's swizzle takes rows of 64 or 128 bytes");
   static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0, "head dims are multiples of 16");
 };
 
@@ -95,6 +108,14 @@ struct DecodeTraits {
 struct alignas(16) RowOffsets {
   int64_t k, v;
 };
+
+// The fp8 ring's chunk c of row r sits at chunk c ^ raw_swizzle(r) of its row, so the 8 rows one
+// ldmatrix phase reads at one chunk fall in 8 different 16-byte bank groups (rows of 4 chunks
+// share 128 bytes in pairs, hence r / 2 for them).
+template <int kChunks>
+__device__ __forceinline__ int raw_swizzle(int r) {
+  return kChunks == 8 ? r % 8 : (r / 2) % 4;
+}
 
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(const AttentionParams p) {
@@ -140,7 +161,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
   }
 
   // Q^T as the B operand, in registers for the whole CTA: row g of tile nt, dims 16 kk + 2t (+1)
-  // and 16 kk + 2t + 8 (+1); zero past the sequence and past the real head dim.
+  // and 16 kk + 2t + 8 (+1), over the fp8 ring 16 kk + 4t (+1) and 16 kk + 4t + 2 (+1) (its K
+  // fragments' order); zero past the sequence and past the real head dim.
   uint32_t q_frag[kRT][kKSteps][2];
 #pragma unroll
   for (int nt = 0; nt < kRT; ++nt) {
@@ -151,7 +173,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
     for (int kk = 0; kk < kKSteps; ++kk) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int d = 16 * kk + 2 * t + 8 * half;
+        const int d = 16 * kk + (T::kRawRing ? 4 * t + 2 * half : 2 * t + 8 * half);
         q_frag[nt][kk][half] = row_ok && d < p.headdim ? *reinterpret_cast<const uint32_t*>(q_row + d) : 0u;
       }
     }
@@ -227,11 +249,12 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
   constexpr int kKRawBytes = T::kStepKeys * T::kHeadDim;  // the stage's K rows, then its V rows
   auto copy_raw_rows = [&](unsigned char* dst, const Cache* base, const RowOffsets* rows, bool is_v, auto chunks_c,
                            int valid_chunks) {
-    constexpr int kRowBytes = 16 * decltype(chunks_c)::value;
+    constexpr int kChunks = decltype(chunks_c)::value;
     for_my_chunks(chunks_c, [&](int r, int c) {
       const int64_t offset = is_v ? rows[r].v : rows[r].k;
       const bool ok = offset >= 0 && c < valid_chunks;
-      cp_async_16(smem_addr(dst + r * kRowBytes + c * 16), base + (ok ? offset + c * 16 : 0), ok);
+      cp_async_16(smem_addr(dst + (r * kChunks + (c ^ raw_swizzle<kChunks>(r))) * 16), base + (ok ? offset + c * 16 : 0),
+                  ok);
     });
   };
   auto copy_step = [&](int stage) {
@@ -247,15 +270,14 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
                 T::kVStride, p.headdim_v / 8);
     }
   };
-  // The fp8 ring's landed stage into the warp's 16-bit tile (the lane's own chunks).
-  auto convert_step = [&](int stage) {
-    const unsigned char* raw = sRaw + stage * T::kRawStageBytes;
-    for_my_chunks(kKRawChunks, [&](int r, int c) {
-      convert_chunk16(sK + r * T::kKStride + c * 16, raw + (r * kKRawChunks + c) * 16);
-    });
-    for_my_chunks(kVRawChunks, [&](int r, int c) {
-      convert_chunk16(sV + r * T::kVStride + c * 16, raw + kKRawBytes + (r * kVRawChunks + c) * 16);
-    });
+  // ldmatrix lane address in the fp8 ring, K and V alike: the j-th x4 load's matrices are keys
+  // 0-7 and 8-15 of chunk 2j, then of chunk 2j + 1 (lane l gives row (l % 8) + 8 ((l / 8) % 2)
+  // of chunk 2j + l / 16).
+  const int raw_row = (lane % 8) + 8 * ((lane / 8) % 2);
+  auto raw_lane = [&](int stage, bool is_v, auto chunks_c, int j) {
+    constexpr int kChunks = decltype(chunks_c)::value;
+    const int chunk = (2 * j + lane / 16) ^ raw_swizzle<kChunks>(raw_row);
+    return smem_addr(sRaw + stage * T::kRawStageBytes + (is_v ? kKRawBytes : 0) + (raw_row * kChunks + chunk) * 16);
   };
 
   const Fp8Descales descales = T::kFp8Cache ? Fp8Descales(p, start.col.b, hk) : Fp8Descales();
@@ -289,7 +311,22 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
 #pragma unroll
     for (int nt = 0; nt < kRT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
     const uint32_t k_addr = k_lane + stage * T::kKStageElems * 2;
-    if (uses_qk) {
+    if constexpr (T::kRawRing) {
+      // Two K steps per load: keys g (r[2c]) and g + 8 (r[2c + 1]) of chunk 2j + c, dims 4t.. in
+      // the low half, 4t + 2.. in the high.
+#pragma unroll
+      for (int j = 0; j < kKSteps / 2; ++j) {
+        uint32_t r[4];
+        ldmatrix_x4(raw_lane(stage, false, kKRawChunks, j), r);
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const uint32_t a[4] = {e4m3x2_to<Elem>(r[2 * c]), e4m3x2_to<Elem>(r[2 * c + 1]),
+                                 e4m3x2_to<Elem>(r[2 * c] >> 16), e4m3x2_to<Elem>(r[2 * c + 1] >> 16)};
+#pragma unroll
+          for (int nt = 0; nt < kRT; ++nt) mma_16816<Elem>(s[nt], a, q_frag[nt][2 * j + c][0], q_frag[nt][2 * j + c][1]);
+        }
+      }
+    } else if (uses_qk) {
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
         uint32_t a[4];
@@ -371,13 +408,32 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
       p_frag[nt][0] = movmatrix_trans(pack2<Elem>(s[nt][0], s[nt][1]));
       p_frag[nt][1] = movmatrix_trans(pack2<Elem>(s[nt][2], s[nt][3]));
     }
-    const uint32_t v_addr = v_lane + stage * T::kVStageElems * 2;
+    if constexpr (T::kRawRing) {
+      // Two M tiles per load: keys 2t, 2t + 1 (r[2c]) and 2t + 8, 2t + 9 (r[2c + 1]) of dims 2g,
+      // 2g + 1 of chunk 2j + c, bytes (k 2t, d 2g), (2t, 2g + 1), (2t + 1, 2g), (2t + 1, 2g + 1);
+      // the permute pairs the keys per dim: dim 2g in the low half (row g), 2g + 1 in the high.
 #pragma unroll
-    for (int mt = 0; mt < kDvTiles; ++mt) {
-      uint32_t a[4];
-      ldmatrix_x4_trans(v_addr + mt * 32, a);
+      for (int j = 0; j < kDvTiles / 2; ++j) {
+        uint32_t r[4];
+        ldmatrix_x4_trans(raw_lane(stage, true, kVRawChunks, j), r);
 #pragma unroll
-      for (int nt = 0; nt < kRT; ++nt) mma_16816<Elem>(o_acc[nt][mt], a, p_frag[nt][0], p_frag[nt][1]);
+        for (int c = 0; c < 2; ++c) {
+          const uint32_t lo = __byte_perm(r[2 * c], 0, 0x3120), hi = __byte_perm(r[2 * c + 1], 0, 0x3120);
+          const uint32_t a[4] = {e4m3x2_to<Elem>(lo), e4m3x2_to<Elem>(lo >> 16), e4m3x2_to<Elem>(hi),
+                                 e4m3x2_to<Elem>(hi >> 16)};
+#pragma unroll
+          for (int nt = 0; nt < kRT; ++nt) mma_16816<Elem>(o_acc[nt][2 * j + c], a, p_frag[nt][0], p_frag[nt][1]);
+        }
+      }
+    } else {
+      const uint32_t v_addr = v_lane + stage * T::kVStageElems * 2;
+#pragma unroll
+      for (int mt = 0; mt < kDvTiles; ++mt) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(v_addr + mt * 32, a);
+#pragma unroll
+        for (int nt = 0; nt < kRT; ++nt) mma_16816<Elem>(o_acc[nt][mt], a, p_frag[nt][0], p_frag[nt][1]);
+      }
     }
   };
 
@@ -405,9 +461,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
     cp_async_commit();
     const RowOffsets after = locate(ahead + 1);
     cp_async_wait<T::kStages - 1>();
-    if constexpr (T::kRawRing) convert_step(i % T::kStages);
-    __syncwarp();  // step i landed (and was converted) for every lane
-    compute_step(T::kRawRing ? 0 : i % T::kStages, step_key0(i));
+    __syncwarp();  // step i landed for every lane
+    compute_step(i % T::kStages, step_key0(i));
     publish((ahead + 1) % T::kStages, after);
     __syncwarp();  // every lane is done with the buffer the next round refills; offsets are in
   }
@@ -455,11 +510,13 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
       const bool nonempty = l > 0.0f && m != -INFINITY;
       const float factor = nonempty ? my_scale / l * descales.v : 0.0f;
       if (warp == 0 && g == 0) sLse[r] = nonempty ? (m + log2f(l)) * kLn2 : -INFINITY;
-      float* o_row = sO + (warp * T::kRows + r) * T::kOStride + g;
+      // An M tile's rows g and g + 8 are its dims g and g + 8, over the fp8 ring 2g and 2g + 1.
+      float* o_row = sO + (warp * T::kRows + r) * T::kOStride + (T::kRawRing ? 2 * g : g);
+      constexpr int kSecond = T::kRawRing ? 1 : 8;
 #pragma unroll
       for (int mt = 0; mt < kDvTiles; ++mt) {
         o_row[16 * mt] = o_acc[nt][mt][h] * factor;
-        o_row[16 * mt + 8] = o_acc[nt][mt][h + 2] * factor;
+        o_row[16 * mt + kSecond] = o_acc[nt][mt][h + 2] * factor;
       }
     }
   }
