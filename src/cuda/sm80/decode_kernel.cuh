@@ -29,6 +29,12 @@
 //  - V (ldmatrix.trans): a register holds dims (2g, 2g+1) of keys 2t and 2t+1; one byte permute
 //    pairs the keys per dim, so an M tile's rows g and g+8 are dims 2g and 2g+1 of its 16-dim
 //    chunk, and the epilogue writes them there.
+// Both of the ring's GEMMs run in fp16, whatever the query's type: e4m3 -> fp16 is one
+// instruction per two values, e4m3 -> bf16 four (at b64 x 8k the bf16 conversions kept the SM
+// issuing 64% of cycles, ncu, session 13). A bf16 query row is scaled by the power of two that puts
+// its largest finite |q| in [2^14, 2^15) (query_rows_to_half), exact in fp16 for every element
+// within 2^28 of that largest, and its scores are scaled back in fp32; P, in [0, 1], is fp16 too
+// (3 more mantissa bits than bf16).
 // Wider heads (the ring would not fit) convert on the way into the 16-bit tile (common/fp8.cuh
 // load_chunk).
 //
@@ -117,10 +123,55 @@ __device__ __forceinline__ int raw_swizzle(int r) {
   return kChunks == 8 ? r % 8 : (r / 2) % 4;
 }
 
+// Q fragments (kRT row tiles; row g of each in this lane, with lanes 4g..4g+3) from Elem pairs to
+// fp16 pairs, each row times 2^shift so its largest finite |q| lands in [2^14, 2^15) (NaN and
+// infinities stay what they are); unscale[nt][h] gets 2^-shift of row 2t + h, the row of the
+// lane's score entries h.
+template <class Elem, int kRT, int kKSteps>
+__device__ __forceinline__ void query_rows_to_half(uint32_t (&q)[kRT][kKSteps][2], float (&unscale)[kRT][2], int t) {
+  auto unpack = [](uint32_t bits) {
+    const Elem* pair = reinterpret_cast<const Elem*>(&bits);
+    return make_float2(to_float(pair[0]), to_float(pair[1]));
+  };
+  auto finite_abs = [](float x) { return fabsf(x) < INFINITY ? fabsf(x) : 0.0f; };
+#pragma unroll
+  for (int nt = 0; nt < kRT; ++nt) {
+    float largest = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float2 f = unpack(q[nt][kk][half]);
+        largest = fmaxf(largest, fmaxf(finite_abs(f.x), finite_abs(f.y)));
+      }
+    }
+    largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, 1));
+    largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, 2));
+    // largest in [2^(e - 127), 2^(e - 126)) for its biased exponent e >= 1; 2^126 at most, so
+    // both factors stay normal.
+    const int e = __float_as_int(largest) >> 23;
+    const int shift = largest > 0.0f ? min(141 - e, 126) : 0;
+    const float up = __int_as_float((127 + shift) << 23), down = __int_as_float((127 - shift) << 23);
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float2 f = unpack(q[nt][kk][half]);
+        q[nt][kk][half] = pack2<__half>(f.x * up, f.y * up);
+      }
+    }
+    unscale[nt][0] = __shfl_sync(0xffffffffu, down, 8 * t);
+    unscale[nt][1] = __shfl_sync(0xffffffffu, down, 8 * t + 4);
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(const AttentionParams p) {
   using Elem = typename T::Elem;
   using Cache = typename T::Cache;
+  // The type of the GEMMs' 16-bit operands: fp16 over the fp8 ring (see above), else the query's.
+  using MmaElem = std::conditional_t<T::kRawRing, __half, Elem>;
+  constexpr bool kScaledQuery = !std::is_same_v<MmaElem, Elem>;
   constexpr int kRT = T::kRowTiles;
   constexpr int kKSteps = T::kHeadDim / 16;   // mma K steps of S^T = K Q^T
   constexpr int kDvTiles = T::kHeadDimV / 16;  // mma M tiles of O^T = V^T P^T
@@ -178,6 +229,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
       }
     }
   }
+  float q_unscale[kRT][2] = {};  // with kScaledQuery: what undoes the query rows' scaling
+  if constexpr (kScaledQuery) query_rows_to_half<Elem>(q_frag, q_unscale, t);
 
   // qv's rows (zero past the sequence and past the real d_v) for every warp, before the loop.
   const bool has_qv = T::kTakesQv && p.qv.data != nullptr;
@@ -320,10 +373,12 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
         ldmatrix_x4(raw_lane(stage, false, kKRawChunks, j), r);
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const uint32_t a[4] = {e4m3x2_to<Elem>(r[2 * c]), e4m3x2_to<Elem>(r[2 * c + 1]),
-                                 e4m3x2_to<Elem>(r[2 * c] >> 16), e4m3x2_to<Elem>(r[2 * c + 1] >> 16)};
+          const uint32_t a[4] = {e4m3x2_to<MmaElem>(r[2 * c]), e4m3x2_to<MmaElem>(r[2 * c + 1]),
+                                 e4m3x2_to<MmaElem>(r[2 * c] >> 16), e4m3x2_to<MmaElem>(r[2 * c + 1] >> 16)};
 #pragma unroll
-          for (int nt = 0; nt < kRT; ++nt) mma_16816<Elem>(s[nt], a, q_frag[nt][2 * j + c][0], q_frag[nt][2 * j + c][1]);
+          for (int nt = 0; nt < kRT; ++nt) {
+            mma_16816<MmaElem>(s[nt], a, q_frag[nt][2 * j + c][0], q_frag[nt][2 * j + c][1]);
+          }
         }
       }
     } else if (uses_qk) {
@@ -357,6 +412,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
     for (int nt = 0; nt < kRT; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
+        if constexpr (kScaledQuery) s[nt][e] *= q_unscale[nt][e % 2];
         if (!scale.fold) s[nt][e] = scale.map(s[nt][e]);
         // Mask only where the step crosses one of this thread's row ranges.
         if (key0 < full_lo || key0 + T::kStepKeys > full_hi) {
@@ -405,8 +461,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
     uint32_t p_frag[kRT][2];
 #pragma unroll
     for (int nt = 0; nt < kRT; ++nt) {
-      p_frag[nt][0] = movmatrix_trans(pack2<Elem>(s[nt][0], s[nt][1]));
-      p_frag[nt][1] = movmatrix_trans(pack2<Elem>(s[nt][2], s[nt][3]));
+      p_frag[nt][0] = movmatrix_trans(pack2<MmaElem>(s[nt][0], s[nt][1]));
+      p_frag[nt][1] = movmatrix_trans(pack2<MmaElem>(s[nt][2], s[nt][3]));
     }
     if constexpr (T::kRawRing) {
       // Two M tiles per load: keys 2t, 2t + 1 (r[2c]) and 2t + 8, 2t + 9 (r[2c + 1]) of dims 2g,
@@ -419,10 +475,12 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const uint32_t lo = __byte_perm(r[2 * c], 0, 0x3120), hi = __byte_perm(r[2 * c + 1], 0, 0x3120);
-          const uint32_t a[4] = {e4m3x2_to<Elem>(lo), e4m3x2_to<Elem>(lo >> 16), e4m3x2_to<Elem>(hi),
-                                 e4m3x2_to<Elem>(hi >> 16)};
+          const uint32_t a[4] = {e4m3x2_to<MmaElem>(lo), e4m3x2_to<MmaElem>(lo >> 16), e4m3x2_to<MmaElem>(hi),
+                                 e4m3x2_to<MmaElem>(hi >> 16)};
 #pragma unroll
-          for (int nt = 0; nt < kRT; ++nt) mma_16816<Elem>(o_acc[nt][2 * j + c], a, p_frag[nt][0], p_frag[nt][1]);
+          for (int nt = 0; nt < kRT; ++nt) {
+            mma_16816<MmaElem>(o_acc[nt][2 * j + c], a, p_frag[nt][0], p_frag[nt][1]);
+          }
         }
       }
     } else {
