@@ -10,17 +10,20 @@
 //  - for w waves of slots, blocks per split = max(kPortableMinBlocksPerSplit,
 //    ceil(total / (w * slots))), and a sequence of n key blocks gets ceil(n / that) splits,
 //    at most the plan's num_splits (1 for a sequence without query rows);
-//  - no split at all when the unsplit CTAs give every SM one and fit one wave of slots: they
-//    are all resident at once and already draw the memory bandwidth, so splits add only the
-//    partials and the combine (H200, 32/8 heads, d 128, page 16: batch 32 x 8192 keys 0.274 ms
-//    unsplit against 0.297 with the wave rule's 7 splits; batch 32 x 1024 0.048 against 0.067);
+//  - no split at all when the unsplit CTAs give every SM one, fit one wave of slots, and either
+//    fill at least 3/4 of it or walk at most kPortableShortBlocks key blocks each on average:
+//    they are all resident at once and draw the memory bandwidth, so splits would add only the
+//    partials and the combine (H200, 32/8 heads, d 128, page 16: batch 48 x 4096-16384 keys and
+//    batch 32 x 1024 are 4-15% faster unsplit). Fewer, longer CTAs do not (batch 17 x 8192 keys:
+//    0.205 ms unsplit, 0.168 split; 17 x 32768: 0.785 against 0.581; 32 x 32768: 1.276 against
+//    1.119; session 13);
 //  - else w = 1 always qualifies, w = 2..kPortableMaxWaves only when their splits keep at least
 //    kPortableMinMultiWaveBlocks key blocks (a partial last wave only costs much when CTAs are
 //    long); the qualifying w whose CTAs fill their last wave best wins, the fewest waves on a tie.
 // Example (H200, 132 SMs, 8 KV heads, 8192 keys in 64-key blocks): batch 1 gets 43 splits (344
 // CTAs, one wave of 396 slots); batch 64 gets 3 splits each (1536 CTAs, 3.9 waves) instead of
-// 1 (512 CTAs: 1.3 waves, the last 116 CTAs alone on their SMs); batch 32 keeps 1 split each
-// (256 CTAs: two per SM, all resident).
+// 1 (512 CTAs: 1.3 waves, the last 116 CTAs alone on their SMs); batch 32 (256 CTAs: two per
+// SM, all resident, but 2/3 of the slots and 128 blocks each) gets 7; batch 48 keeps 1.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +37,7 @@ constexpr int kPortableCtasPerSm = 3;         // decode CTA, d <= 128: registers
 constexpr int kPortableMinBlocksPerSplit = 2;
 constexpr int kPortableMaxWaves = 4;
 constexpr int kPortableMinMultiWaveBlocks = 16;
+constexpr int kPortableShortBlocks = 64;  // the no-split exception's "short CTAs" (4096 keys at d 128)
 
 // Batch-invariant mode (KvCacheArgs::batch_invariant): every sequence gets ceil(n_blocks / this)
 // splits (at most the plan's num_splits), from its own lengths alone, on the host and the device.
@@ -88,7 +92,9 @@ template <class CtasFor>
 KVFLASH_HD int64_t portable_choose_blocks(int64_t total, int64_t slots, CtasFor ctas_for,
                                           int ctas_per_sm = kPortableCtasPerSm) {
   const int64_t unsplit = ctas_for(kPortableNoSplitBlocks);
-  if (unsplit * ctas_per_sm >= slots && unsplit <= slots) return kPortableNoSplitBlocks;
+  const bool resident = unsplit * ctas_per_sm >= slots && unsplit <= slots;
+  const bool fills_or_short = 4 * unsplit >= 3 * slots || total <= kPortableShortBlocks * unsplit;
+  if (resident && fills_or_short) return kPortableNoSplitBlocks;
   int64_t best_blocks = portable_blocks_per_split(total, 1, slots);
   int64_t best_ctas = ctas_for(best_blocks);
   for (int waves = 2; waves <= kPortableMaxWaves; ++waves) {

@@ -123,10 +123,16 @@ TEST(PlanHeuristics, PortableCudaSplitsCountCtaSlots) {
   const Plan many = plan_for(decode_key(64, 8192, 80), same_lengths(64, 1, 8192));
   EXPECT_EQ(many.num_splits, 50);
   EXPECT_EQ(many.num_splits_dynamic, std::vector<int32_t>(64, 3));
-  // Batch 32: 256 unsplit CTAs give every SM one and fit one wave: no split. Batch 8 (64 CTAs)
-  // would leave SMs idle unsplit: the wave rule splits it.
-  const Plan resident = plan_for(decode_key(32, 8192, 80), same_lengths(32, 1, 8192));
-  EXPECT_EQ(resident.num_splits_dynamic, std::vector<int32_t>(32, 1));
+  // Batch 48: 384 unsplit CTAs give every SM one and fill 3/4 of one wave: no split. Batch 32
+  // x 1024 keys (16 blocks each): resident and short, no split either. Batch 32 x 8192: 256
+  // long CTAs fill 2/3 of the wave: 4 waves of 21 blocks, 7 splits (1792 CTAs, 0.905 of 5
+  // waves). Batch 8 (64 CTAs) would leave SMs idle unsplit: the wave rule splits it.
+  const Plan resident = plan_for(decode_key(48, 8192, 80), same_lengths(48, 1, 8192));
+  EXPECT_EQ(resident.num_splits_dynamic, std::vector<int32_t>(48, 1));
+  const Plan short_ctas = plan_for(decode_key(32, 1024, 80), same_lengths(32, 1, 1024));
+  EXPECT_EQ(short_ctas.num_splits_dynamic, std::vector<int32_t>(32, 1));
+  const Plan long_ctas = plan_for(decode_key(32, 8192, 80), same_lengths(32, 1, 8192));
+  EXPECT_EQ(long_ctas.num_splits_dynamic, std::vector<int32_t>(32, 7));
   const Plan few = plan_for(decode_key(8, 8192, 80), same_lengths(8, 1, 8192));
   EXPECT_GT(few.num_splits_dynamic[0], 1);
   // One long sequence among short ones gets the splits; one without query rows gets 1.
