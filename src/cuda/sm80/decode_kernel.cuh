@@ -332,6 +332,30 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
     const int chunk = (2 * j + lane / 16) ^ raw_swizzle<kChunks>(raw_row);
     return smem_addr(sRaw + stage * T::kRawStageBytes + (is_v ? kKRawBytes : 0) + (raw_row * kChunks + chunk) * 16);
   };
+  // The ring's A fragments, K's (S^T = K Q^T) or, transposed, V's (O^T = V^T P^T): one per chunk,
+  // two per x4 load, each converted from two of the load's registers; mma(a, i) takes chunk i's
+  // (K step i, or M tile i). K: r[2c] holds dims 4t..4t+3 of key g of chunk 2j + c, r[2c + 1] of
+  // key g + 8; the fragment's pairs are (g, 4t..), (g + 8, 4t..), (g, 4t + 2..), (g + 8, 4t + 2..).
+  // V: r[2c] holds bytes (key 2t, dim 2g), (2t, 2g + 1), (2t + 1, 2g), (2t + 1, 2g + 1), r[2c + 1]
+  // the same of keys 2t + 8, 2t + 9; the permute pairs the keys per dim, dim 2g in the low half
+  // (the tile's row g), 2g + 1 in the high (row g + 8).
+  auto raw_steps = [&](int stage, auto is_v_c, auto chunks_c, auto&& mma) {
+    constexpr bool kV = decltype(is_v_c)::value;
+#pragma unroll
+    for (int j = 0; j < decltype(chunks_c)::value / 2; ++j) {
+      uint32_t r[4];
+      if constexpr (kV) ldmatrix_x4_trans(raw_lane(stage, true, chunks_c, j), r);
+      else ldmatrix_x4(raw_lane(stage, false, chunks_c, j), r);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const uint32_t x = kV ? __byte_perm(r[2 * c], 0, 0x3120) : r[2 * c];
+        const uint32_t y = kV ? __byte_perm(r[2 * c + 1], 0, 0x3120) : r[2 * c + 1];
+        const uint32_t a[4] = {e4m3x2_to<MmaElem>(x), e4m3x2_to<MmaElem>(kV ? x >> 16 : y),
+                               e4m3x2_to<MmaElem>(kV ? y : x >> 16), e4m3x2_to<MmaElem>(y >> 16)};
+        mma(a, 2 * j + c);
+      }
+    }
+  };
 
   const Fp8Descales descales = T::kFp8Cache ? Fp8Descales(p, start.col.b, hk) : Fp8Descales();
   const ScoreScale scale(p, descales.qk);
@@ -365,22 +389,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
     for (int nt = 0; nt < kRT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
     const uint32_t k_addr = k_lane + stage * T::kKStageElems * 2;
     if constexpr (T::kRawRing) {
-      // Two K steps per load: keys g (r[2c]) and g + 8 (r[2c + 1]) of chunk 2j + c, dims 4t.. in
-      // the low half, 4t + 2.. in the high.
+      raw_steps(stage, std::false_type{}, kKRawChunks, [&](const uint32_t(&a)[4], int kk) {
 #pragma unroll
-      for (int j = 0; j < kKSteps / 2; ++j) {
-        uint32_t r[4];
-        ldmatrix_x4(raw_lane(stage, false, kKRawChunks, j), r);
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const uint32_t a[4] = {e4m3x2_to<MmaElem>(r[2 * c]), e4m3x2_to<MmaElem>(r[2 * c + 1]),
-                                 e4m3x2_to<MmaElem>(r[2 * c] >> 16), e4m3x2_to<MmaElem>(r[2 * c + 1] >> 16)};
-#pragma unroll
-          for (int nt = 0; nt < kRT; ++nt) {
-            mma_16816<MmaElem>(s[nt], a, q_frag[nt][2 * j + c][0], q_frag[nt][2 * j + c][1]);
-          }
-        }
-      }
+        for (int nt = 0; nt < kRT; ++nt) mma_16816<MmaElem>(s[nt], a, q_frag[nt][kk][0], q_frag[nt][kk][1]);
+      });
     } else if (uses_qk) {
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
@@ -465,24 +477,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
       p_frag[nt][1] = movmatrix_trans(pack2<MmaElem>(s[nt][2], s[nt][3]));
     }
     if constexpr (T::kRawRing) {
-      // Two M tiles per load: keys 2t, 2t + 1 (r[2c]) and 2t + 8, 2t + 9 (r[2c + 1]) of dims 2g,
-      // 2g + 1 of chunk 2j + c, bytes (k 2t, d 2g), (2t, 2g + 1), (2t + 1, 2g), (2t + 1, 2g + 1);
-      // the permute pairs the keys per dim: dim 2g in the low half (row g), 2g + 1 in the high.
+      raw_steps(stage, std::true_type{}, kVRawChunks, [&](const uint32_t(&a)[4], int mt) {
 #pragma unroll
-      for (int j = 0; j < kDvTiles / 2; ++j) {
-        uint32_t r[4];
-        ldmatrix_x4_trans(raw_lane(stage, true, kVRawChunks, j), r);
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const uint32_t lo = __byte_perm(r[2 * c], 0, 0x3120), hi = __byte_perm(r[2 * c + 1], 0, 0x3120);
-          const uint32_t a[4] = {e4m3x2_to<MmaElem>(lo), e4m3x2_to<MmaElem>(lo >> 16), e4m3x2_to<MmaElem>(hi),
-                                 e4m3x2_to<MmaElem>(hi >> 16)};
-#pragma unroll
-          for (int nt = 0; nt < kRT; ++nt) {
-            mma_16816<MmaElem>(o_acc[nt][2 * j + c], a, p_frag[nt][0], p_frag[nt][1]);
-          }
-        }
-      }
+        for (int nt = 0; nt < kRT; ++nt) mma_16816<MmaElem>(o_acc[nt][mt], a, p_frag[nt][0], p_frag[nt][1]);
+      });
     } else {
       const uint32_t v_addr = v_lane + stage * T::kVStageElems * 2;
 #pragma unroll
