@@ -344,8 +344,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
 #pragma unroll
     for (int j = 0; j < decltype(chunks_c)::value / 2; ++j) {
       uint32_t r[4];
-      if constexpr (kV) ldmatrix_x4_trans(raw_lane(stage, true, chunks_c, j), r);
-      else ldmatrix_x4(raw_lane(stage, false, chunks_c, j), r);
+      const uint32_t addr = raw_lane(stage, kV, chunks_c, j);
+      if constexpr (kV) ldmatrix_x4_trans(addr, r);
+      else ldmatrix_x4(addr, r);
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const uint32_t x = kV ? __byte_perm(r[2 * c], 0, 0x3120) : r[2 * c];
@@ -387,13 +388,13 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
     float s[kRT][4];
 #pragma unroll
     for (int nt = 0; nt < kRT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-    const uint32_t k_addr = k_lane + stage * T::kKStageElems * 2;
     if constexpr (T::kRawRing) {
       raw_steps(stage, std::false_type{}, kKRawChunks, [&](const uint32_t(&a)[4], int kk) {
 #pragma unroll
         for (int nt = 0; nt < kRT; ++nt) mma_16816<MmaElem>(s[nt], a, q_frag[nt][kk][0], q_frag[nt][kk][1]);
       });
     } else if (uses_qk) {
+      const uint32_t k_addr = k_lane + stage * T::kKStageElems * 2;
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
         uint32_t a[4];
