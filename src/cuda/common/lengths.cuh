@@ -63,7 +63,7 @@ __device__ inline SeqLens seq_lens(const LengthParams& p, int b) {
 
 // Where key position `pos` (absolute) of cache sequence `row` lives: `unit` (batch row or page)
 // and `slot` in it; false when the page id is out of range (the row is then skipped: zero-filled
-// on reads, not written).
+// on reads, not written). pos >= 0 (a key index plus leftpad).
 __device__ __forceinline__ bool cache_location(const CacheParams& c, int row, int pos, int64_t& unit,
                                                int& slot) {
   if (!c.paged) {
@@ -71,7 +71,7 @@ __device__ __forceinline__ bool cache_location(const CacheParams& c, int row, in
     slot = pos;
     return true;
   }
-  const int page_idx = pos / c.page_size;
+  const int page_idx = c.page_divisor.div(pos);
   if (page_idx >= c.pages_per_seq) return false;
   const int page = __ldg(c.page_table + int64_t(row) * c.page_table_row_stride +
                          int64_t(page_idx) * c.page_table_col_stride);

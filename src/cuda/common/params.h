@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "core/fast_divisor.h"
+
 namespace kvflash::cuda {
 
 // An optional int32 vector in device memory (nullptr: absent).
@@ -41,6 +43,7 @@ struct CacheParams {
   int64_t v_row_stride = 0, v_pos_stride = 0, v_head_stride = 0;
   bool paged = false;
   int page_size = 1;
+  core::FastDivisor page_divisor;  // page_size's
   int num_pages = 0;       // k_cache.shape[0] when paged
   const int32_t* page_table = nullptr;
   int64_t page_table_row_stride = 0, page_table_col_stride = 1;
