@@ -63,6 +63,21 @@ __device__ __forceinline__ __half2 e4m3x2_to_half2(uint32_t pair) {
 #endif
 }
 
+// Four e4m3 values (first value lowest) as two fp16 pairs, bytes 0-1 in .x and 2-3 in .y,
+// exactly. From sm_89 the upper pair's cvt reads the word's high half directly (no shift).
+__device__ __forceinline__ uint2 e4m3x4_to_half2x2(uint32_t four) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint2 h;
+  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.rn.f16x2.e4m3x2 %0, lo;\ncvt.rn.f16x2.e4m3x2 %1, hi;\n}\n"
+      : "=r"(h.x), "=r"(h.y)
+      : "r"(four));
+  return h;
+#else
+  const __half2 lo = e4m3x2_to_half2(four), hi = e4m3x2_to_half2(four >> 16);
+  return make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+#endif
+}
+
 // Two e4m3 values (the low 16 bits of `pair`, first value lowest) as a packed pair of Elem, exactly.
 template <class Elem>
 __device__ __forceinline__ uint32_t e4m3x2_to(uint32_t pair) {

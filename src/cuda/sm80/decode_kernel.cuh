@@ -38,9 +38,10 @@
 // Wider heads (the ring would not fit) convert on the way into the 16-bit tile (common/fp8.cuh
 // load_chunk).
 //
-// Loads are cp.async with zero fill, as in the prefill kernel: rows outside the CTA's keys, at a
-// bad page id or past the real head dim are never read, and masked scores are -inf before the
-// exponent, so NaN in unused cache slots cannot reach the output.
+// Loads are cp.async: rows outside the CTA's keys or at a bad page id are copied from a row of
+// zeros (kZeroRow), chunks past the real head dim zero-filled, none of them read from the cache,
+// and masked scores are -inf before the exponent, so NaN in unused cache slots cannot reach the
+// output.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -110,10 +111,14 @@ struct DecodeTraits {
   static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0, "head dims are multiples of 16");
 };
 
-// Element offsets of one key row in the K and V caches (-1: not read, zero filled).
-struct alignas(16) RowOffsets {
-  int64_t k, v;
+// A key row's K and V bytes in global memory. Rows a step does not read point at kZeroRow, so
+// their copies fill zeros with no per-row predicate.
+struct alignas(16) RowSources {
+  const unsigned char* k;
+  const unsigned char* v;
 };
+// Zeros as wide as the widest row a decode kernel copies (d_v 512, 16-bit).
+static __device__ __align__(128) uint4 kZeroRow[64] = {};
 
 // The fp8 ring's chunk c of row r sits at chunk c ^ raw_swizzle(r) of its row, so the 8 rows one
 // ldmatrix phase reads at one chunk fall in 8 different 16-byte bank groups (rows of 4 chunks
@@ -121,6 +126,11 @@ struct alignas(16) RowOffsets {
 template <int kChunks>
 __device__ __forceinline__ int raw_swizzle(int r) {
   return kChunks == 8 ? r % 8 : (r / 2) % 4;
+}
+// Bytes from a stage's K (V) rows to chunk c of row r.
+template <int kChunks>
+__device__ __forceinline__ int raw_chunk_offset(int r, int c) {
+  return (r * kChunks + (c ^ raw_swizzle<kChunks>(r))) * 16;
 }
 
 // Q fragments (kRT row tiles; row g of each in this lane, with lanes 4g..4g+3) from Elem pairs to
@@ -254,73 +264,91 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
   Elem* sK = reinterpret_cast<Elem*>(smem_raw + warp * T::kWarpBytes);
   Elem* sV = sK + T::kTileStages * T::kKStageElems;
   auto* sRaw = reinterpret_cast<unsigned char*>(sV + T::kTileStages * T::kVStageElems);
-  auto* sRows = reinterpret_cast<RowOffsets*>(sRaw + T::kStages * T::kRawStageBytes);  // [kStages][kStepKeys]
-  const Cache* k_base = static_cast<const Cache*>(p.cache.k);
-  const Cache* v_base = static_cast<const Cache*>(p.cache.v);
+  auto* sRows = reinterpret_cast<RowSources*>(sRaw + T::kStages * T::kRawStageBytes);  // [kStages][kStepKeys]
+  static_assert(T::kWidest * sizeof(Cache) <= sizeof(kZeroRow), "the zero row covers every row");
+  const auto* zero_row = reinterpret_cast<const unsigned char*>(kZeroRow);
+  const auto* k_head = static_cast<const unsigned char*>(p.cache.k) + hk * p.cache.k_head_stride * sizeof(Cache);
+  const auto* v_head = static_cast<const unsigned char*>(p.cache.v) + hk * p.cache.v_head_stride * sizeof(Cache);
 
   const int n_steps = (range.hi - range.lo + T::kStepKeys - 1) / T::kStepKeys;
   const int my_steps = warp < n_steps ? (n_steps - warp + T::kWarps - 1) / T::kWarps : 0;
   auto step_key0 = [&](int i) { return range.lo + (warp + i * T::kWarps) * T::kStepKeys; };
-  // Key row l % 16 of the warp's step i: its K and V element offsets, or -1 (zero fill: outside
-  // the CTA's keys, past the warp's steps or at a bad page id).
+  // Key row l % 16 of the warp's step i: where its K and V bytes are (the zero row outside the
+  // CTA's keys, past the warp's steps or at a bad page id).
   auto locate = [&](int i) {
     const int j = step_key0(i) + lane % 16;
     int64_t unit = 0;
     int slot = 0;
     const bool ok = i < my_steps && j < range.hi &&
                     cache_location(p.cache, seq.cache_row, seq.leftpad + j, unit, slot);
-    return ok ? RowOffsets{unit * p.cache.k_row_stride + slot * p.cache.k_pos_stride + hk * p.cache.k_head_stride,
-                           unit * p.cache.v_row_stride + slot * p.cache.v_pos_stride + hk * p.cache.v_head_stride}
-              : RowOffsets{-1, -1};
+    if (!ok) return RowSources{zero_row, zero_row};
+    return RowSources{k_head + (unit * p.cache.k_row_stride + slot * p.cache.k_pos_stride) * sizeof(Cache),
+                      v_head + (unit * p.cache.v_row_stride + slot * p.cache.v_pos_stride) * sizeof(Cache)};
   };
-  auto publish = [&](int stage, const RowOffsets& rows) {
+  auto publish = [&](int stage, const RowSources& rows) {
     if (lane < T::kStepKeys) sRows[stage * T::kStepKeys + lane] = rows;
   };
-  // The warp's copies of a step: lane `lane` takes chunks e = lane + 32 i, chunk e % kChunks of
-  // row e / kChunks, so every copy instruction reads whole rows (full 128-byte lines); the fp8
-  // ring's conversions walk the same chunks, so a lane converts only bytes it copied.
-  auto for_my_chunks = [&](auto chunks_c, auto&& body) {
+  // The warp's copies of a step: lane `lane` fills the stage's chunk slots e = lane + 32 i, slot
+  // e % kChunks of row e / kChunks, so every copy instruction fills (and reads) whole rows (full
+  // 128-byte lines) and a lane's destinations step by a constant from one copy to the next. A
+  // 16-bit tile's slot s holds chunk s of its row, the fp8 ring's chunk s ^ raw_swizzle(row)
+  // (chunk_in).
+  auto for_my_slots = [&](auto chunks_c, auto&& body) {
     constexpr int kChunks = decltype(chunks_c)::value;
 #pragma unroll
     for (int i = 0; i < T::kStepKeys * kChunks / 32; ++i) {
       const int e = lane + 32 * i;
-      body(e / kChunks, e % kChunks);
+      body(i, e / kChunks, e % kChunks);
     }
   };
-  // The step in `stage`, rows from its offsets (8-element chunks, converted on the way for an fp8
-  // cache wider than the ring takes).
-  auto copy_rows = [&](Elem* dst, const Cache* base, const RowOffsets* rows, bool is_v, auto chunks_c, int stride,
-                       int valid_chunks) {
-    for_my_chunks(chunks_c, [&](int r, int c) {
-      const int64_t offset = is_v ? rows[r].v : rows[r].k;
-      const bool ok = offset >= 0 && c < valid_chunks;
-      load_chunk(dst + r * stride + c * 8, base + (ok ? offset + c * 8 : 0), ok);
-    });
+  // Chunk c of a row (bytes of the cache) into a slot, zero-filled past the real head dim (its
+  // address is then formed but never read). The fp8 ring's chunks are 16 raw bytes, a 16-bit
+  // tile's 8 elements (an fp8 cache wider than the ring: 8 bytes, converted on the way).
+  constexpr int kRawChunkBytes = 16, kTileChunkBytes = 8 * int(sizeof(Cache));
+  const int k_valid = T::kRawRing ? p.headdim / 16 : p.headdim / 8;
+  const int v_valid = T::kRawRing ? p.headdim_v / 16 : p.headdim_v / 8;
+  auto copy_chunk = [&](unsigned char* dst, const unsigned char* row, int c, int valid) {
+    const bool ok = c < valid;
+    const unsigned char* src = row + c * (T::kRawRing ? kRawChunkBytes : kTileChunkBytes);
+    if constexpr (T::kRawRing) cp_async_16(smem_addr(dst), src, ok);
+    else load_chunk(reinterpret_cast<Elem*>(dst), reinterpret_cast<const Cache*>(src), ok);
   };
   constexpr auto kKRawChunks = std::integral_constant<int, T::kHeadDim / 16>{};
   constexpr auto kVRawChunks = std::integral_constant<int, T::kHeadDimV / 16>{};
   constexpr int kKRawBytes = T::kStepKeys * T::kHeadDim;  // the stage's K rows, then its V rows
-  auto copy_raw_rows = [&](unsigned char* dst, const Cache* base, const RowOffsets* rows, bool is_v, auto chunks_c,
-                           int valid_chunks) {
-    constexpr int kChunks = decltype(chunks_c)::value;
-    for_my_chunks(chunks_c, [&](int r, int c) {
-      const int64_t offset = is_v ? rows[r].v : rows[r].k;
-      const bool ok = offset >= 0 && c < valid_chunks;
-      cp_async_16(smem_addr(dst + (r * kChunks + (c ^ raw_swizzle<kChunks>(r))) * 16), base + (ok ? offset + c * 16 : 0),
-                  ok);
-    });
+  constexpr auto kKChunks = std::integral_constant<int, T::kRawRing ? T::kHeadDim / 16 : T::kHeadDim / 8>{};
+  constexpr auto kVChunks = std::integral_constant<int, T::kRawRing ? T::kHeadDimV / 16 : T::kHeadDimV / 8>{};
+  // Slot s of row r: its bytes from the stage's K (V) part, and the chunk it holds.
+  auto slot_at = [](int r, int s, auto chunks_c, int stride) {
+    if constexpr (T::kRawRing) return (r * decltype(chunks_c)::value + s) * kRawChunkBytes;
+    else return (r * stride + s * 8) * int(sizeof(Elem));
+  };
+  auto chunk_in = [](int r, int s, auto chunks_c) {
+    if constexpr (T::kRawRing) return s ^ raw_swizzle<decltype(chunks_c)::value>(r);
+    else return s;
   };
   auto copy_step = [&](int stage) {
-    const RowOffsets* rows = sRows + stage * T::kStepKeys;
-    if constexpr (T::kRawRing) {
-      unsigned char* raw = sRaw + stage * T::kRawStageBytes;
-      copy_raw_rows(raw, k_base, rows, false, kKRawChunks, p.headdim / 16);
-      copy_raw_rows(raw + kKRawBytes, v_base, rows, true, kVRawChunks, p.headdim_v / 16);
-    } else {
-      copy_rows(sK + stage * T::kKStageElems, k_base, rows, false, std::integral_constant<int, T::kHeadDim / 8>{},
-                T::kKStride, p.headdim / 8);
-      copy_rows(sV + stage * T::kVStageElems, v_base, rows, true, std::integral_constant<int, T::kHeadDimV / 8>{},
-                T::kVStride, p.headdim_v / 8);
+    const RowSources* rows = sRows + stage * T::kStepKeys;
+    unsigned char* k_dst = T::kRawRing ? sRaw + stage * T::kRawStageBytes : reinterpret_cast<unsigned char*>(sK + stage * T::kKStageElems);
+    unsigned char* v_dst = T::kRawRing ? k_dst + kKRawBytes : reinterpret_cast<unsigned char*>(sV + stage * T::kVStageElems);
+    auto copy_k = [&](int r, int s, const unsigned char* row) {
+      copy_chunk(k_dst + slot_at(r, s, kKChunks, T::kKStride), row, chunk_in(r, s, kKChunks), k_valid);
+    };
+    auto copy_v = [&](int r, int s, const unsigned char* row) {
+      copy_chunk(v_dst + slot_at(r, s, kVChunks, T::kVStride), row, chunk_in(r, s, kVChunks), v_valid);
+    };
+    if constexpr (T::kRawRing && kKChunks == kVChunks) {
+      // The lane's 4 (d 128) or 2 rows first, one 16-byte load each for K and V: no shared load
+      // between the copies (each one there costs 3 issue slots of padding at sm_90).
+      RowSources mine[T::kStepKeys * kKChunks / 32];
+      for_my_slots(kKChunks, [&](int i, int r, int) { mine[i] = rows[r]; });
+      for_my_slots(kKChunks, [&](int i, int r, int s) {
+        copy_k(r, s, mine[i].k);
+        copy_v(r, s, mine[i].v);
+      });
+    } else {  // a 16-bit tile's 8 rows per lane (d 128) would take 32 registers at once
+      for_my_slots(kKChunks, [&](int, int r, int s) { copy_k(r, s, rows[r].k); });
+      for_my_slots(kVChunks, [&](int, int r, int s) { copy_v(r, s, rows[r].v); });
     }
   };
   // ldmatrix lane address in the fp8 ring, K and V alike: the j-th x4 load's matrices are keys
@@ -328,9 +356,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
   // of chunk 2j + l / 16).
   const int raw_row = (lane % 8) + 8 * ((lane / 8) % 2);
   auto raw_lane = [&](int stage, bool is_v, auto chunks_c, int j) {
-    constexpr int kChunks = decltype(chunks_c)::value;
-    const int chunk = (2 * j + lane / 16) ^ raw_swizzle<kChunks>(raw_row);
-    return smem_addr(sRaw + stage * T::kRawStageBytes + (is_v ? kKRawBytes : 0) + (raw_row * kChunks + chunk) * 16);
+    return smem_addr(sRaw + stage * T::kRawStageBytes + (is_v ? kKRawBytes : 0) +
+                     raw_chunk_offset<decltype(chunks_c)::value>(raw_row, 2 * j + lane / 16));
   };
   // The ring's A fragments, K's (S^T = K Q^T) or, transposed, V's (O^T = V^T P^T): one per chunk,
   // two per x4 load, each converted from two of the load's registers; mma(a, i) takes chunk i's
@@ -351,8 +378,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
       for (int c = 0; c < 2; ++c) {
         const uint32_t x = kV ? __byte_perm(r[2 * c], 0, 0x3120) : r[2 * c];
         const uint32_t y = kV ? __byte_perm(r[2 * c + 1], 0, 0x3120) : r[2 * c + 1];
-        const uint32_t a[4] = {e4m3x2_to<MmaElem>(x), e4m3x2_to<MmaElem>(kV ? x >> 16 : y),
-                               e4m3x2_to<MmaElem>(kV ? y : x >> 16), e4m3x2_to<MmaElem>(y >> 16)};
+        const uint2 xh = e4m3x4_to_half2x2(x), yh = e4m3x4_to_half2x2(y);
+        const uint32_t a[4] = {xh.x, kV ? xh.y : yh.x, kV ? yh.x : xh.y, yh.y};
         mma(a, 2 * j + c);
       }
     }
@@ -500,7 +527,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
   // steps) so the wait count stays fixed. Offsets and buffers of a stage are reused only after a
   // __syncwarp past their last reader.
   {
-    RowOffsets first[T::kStages];  // looked up together: their page-table reads overlap
+    RowSources first[T::kStages];  // looked up together: their page-table reads overlap
 #pragma unroll
     for (int i = 0; i < T::kStages; ++i) first[i] = locate(i);
 #pragma unroll
@@ -516,7 +543,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
     const int ahead = i + T::kStages - 1;
     if (ahead < my_steps) copy_step(ahead % T::kStages);
     cp_async_commit();
-    const RowOffsets after = locate(ahead + 1);
+    const RowSources after = locate(ahead + 1);
     cp_async_wait<T::kStages - 1>();
     __syncwarp();  // step i landed for every lane
     compute_step(i % T::kStages, step_key0(i));
