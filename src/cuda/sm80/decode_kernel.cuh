@@ -302,14 +302,15 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
     }
   };
   // Chunk c of a row (bytes of the cache) into a slot, zero-filled past the real head dim (its
-  // address is then formed but never read). The fp8 ring's chunks are 16 raw bytes, a 16-bit
-  // tile's 8 elements (an fp8 cache wider than the ring: 8 bytes, converted on the way).
+  // source then stays the row's first chunk, inside the tensor). The fp8 ring's chunks are 16 raw
+  // bytes, a 16-bit tile's 8 elements (an fp8 cache wider than the ring: 8 bytes, converted on
+  // the way).
   constexpr int kRawChunkBytes = 16, kTileChunkBytes = 8 * int(sizeof(Cache));
   const int k_valid = T::kRawRing ? p.headdim / 16 : p.headdim / 8;
   const int v_valid = T::kRawRing ? p.headdim_v / 16 : p.headdim_v / 8;
   auto copy_chunk = [&](unsigned char* dst, const unsigned char* row, int c, int valid) {
     const bool ok = c < valid;
-    const unsigned char* src = row + c * (T::kRawRing ? kRawChunkBytes : kTileChunkBytes);
+    const unsigned char* src = row + (ok ? c * (T::kRawRing ? kRawChunkBytes : kTileChunkBytes) : 0);
     if constexpr (T::kRawRing) cp_async_16(smem_addr(dst), src, ok);
     else load_chunk(reinterpret_cast<Elem*>(dst), reinterpret_cast<const Cache*>(src), ok);
   };
@@ -329,8 +330,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
   };
   auto copy_step = [&](int stage) {
     const RowSources* rows = sRows + stage * T::kStepKeys;
-    unsigned char* k_dst = T::kRawRing ? sRaw + stage * T::kRawStageBytes : reinterpret_cast<unsigned char*>(sK + stage * T::kKStageElems);
-    unsigned char* v_dst = T::kRawRing ? k_dst + kKRawBytes : reinterpret_cast<unsigned char*>(sV + stage * T::kVStageElems);
+    unsigned char* k_dst = T::kRawRing ? sRaw + stage * T::kRawStageBytes
+                                       : reinterpret_cast<unsigned char*>(sK + stage * T::kKStageElems);
+    unsigned char* v_dst = T::kRawRing ? k_dst + kKRawBytes
+                                       : reinterpret_cast<unsigned char*>(sV + stage * T::kVStageElems);
     auto copy_k = [&](int r, int s, const unsigned char* row) {
       copy_chunk(k_dst + slot_at(r, s, kKChunks, T::kKStride), row, chunk_in(r, s, kKChunks), k_valid);
     };
