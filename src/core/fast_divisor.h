@@ -17,20 +17,19 @@
 namespace kvflash::core {
 
 struct FastDivisor {
-  int divisor = 1;
   uint32_t multiplier = 1u << 31;
   int shift = 31;  // 31 + s
 
   FastDivisor() = default;
   // d >= 1.
-  explicit FastDivisor(int d) : divisor(d) {
+  explicit FastDivisor(int d) {
     int s = 0;
     while ((int64_t(1) << s) < d) ++s;
     shift = 31 + s;
     multiplier = uint32_t(((uint64_t(1) << shift) + uint64_t(d) - 1) / uint64_t(d));
   }
 
-  // floor(n / divisor) for 0 <= n < 2^31.
+  // floor(n / d) for 0 <= n < 2^31.
   KVFLASH_HD int div(int n) const { return int((uint64_t(uint32_t(n)) * multiplier) >> shift); }
 };
 

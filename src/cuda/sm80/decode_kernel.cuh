@@ -127,11 +127,6 @@ template <int kChunks>
 __device__ __forceinline__ int raw_swizzle(int r) {
   return kChunks == 8 ? r % 8 : (r / 2) % 4;
 }
-// Bytes from a stage's K (V) rows to chunk c of row r.
-template <int kChunks>
-__device__ __forceinline__ int raw_chunk_offset(int r, int c) {
-  return (r * kChunks + (c ^ raw_swizzle<kChunks>(r))) * 16;
-}
 
 // Q fragments (kRT row tiles; row g of each in this lane, with lanes 4g..4g+3) from Elem pairs to
 // fp16 pairs, each row times 2^shift so its largest finite |q| lands in [2^14, 2^15) (NaN and
@@ -314,8 +309,6 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
     if constexpr (T::kRawRing) cp_async_16(smem_addr(dst), src, ok);
     else load_chunk(reinterpret_cast<Elem*>(dst), reinterpret_cast<const Cache*>(src), ok);
   };
-  constexpr auto kKRawChunks = std::integral_constant<int, T::kHeadDim / 16>{};
-  constexpr auto kVRawChunks = std::integral_constant<int, T::kHeadDimV / 16>{};
   constexpr int kKRawBytes = T::kStepKeys * T::kHeadDim;  // the stage's K rows, then its V rows
   constexpr auto kKChunks = std::integral_constant<int, T::kRawRing ? T::kHeadDim / 16 : T::kHeadDim / 8>{};
   constexpr auto kVChunks = std::integral_constant<int, T::kRawRing ? T::kHeadDimV / 16 : T::kHeadDimV / 8>{};
@@ -359,8 +352,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
   // of chunk 2j + l / 16).
   const int raw_row = (lane % 8) + 8 * ((lane / 8) % 2);
   auto raw_lane = [&](int stage, bool is_v, auto chunks_c, int j) {
-    return smem_addr(sRaw + stage * T::kRawStageBytes + (is_v ? kKRawBytes : 0) +
-                     raw_chunk_offset<decltype(chunks_c)::value>(raw_row, 2 * j + lane / 16));
+    constexpr int kChunks = decltype(chunks_c)::value;
+    const int chunk = (2 * j + lane / 16) ^ raw_swizzle<kChunks>(raw_row);
+    return smem_addr(sRaw + stage * T::kRawStageBytes + (is_v ? kKRawBytes : 0) + (raw_row * kChunks + chunk) * 16);
   };
   // The ring's A fragments, K's (S^T = K Q^T) or, transposed, V's (O^T = V^T P^T): one per chunk,
   // two per x4 load, each converted from two of the load's registers; mma(a, i) takes chunk i's
@@ -419,7 +413,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
 #pragma unroll
     for (int nt = 0; nt < kRT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
     if constexpr (T::kRawRing) {
-      raw_steps(stage, std::false_type{}, kKRawChunks, [&](const uint32_t(&a)[4], int kk) {
+      raw_steps(stage, std::false_type{}, kKChunks, [&](const uint32_t(&a)[4], int kk) {
 #pragma unroll
         for (int nt = 0; nt < kRT; ++nt) mma_16816<MmaElem>(s[nt], a, q_frag[nt][kk][0], q_frag[nt][kk][1]);
       });
@@ -508,7 +502,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) decode_kernel(cons
       p_frag[nt][1] = movmatrix_trans(pack2<MmaElem>(s[nt][2], s[nt][3]));
     }
     if constexpr (T::kRawRing) {
-      raw_steps(stage, std::true_type{}, kVRawChunks, [&](const uint32_t(&a)[4], int mt) {
+      raw_steps(stage, std::true_type{}, kVChunks, [&](const uint32_t(&a)[4], int mt) {
 #pragma unroll
         for (int nt = 0; nt < kRT; ++nt) mma_16816<MmaElem>(o_acc[nt][mt], a, p_frag[nt][0], p_frag[nt][1]);
       });

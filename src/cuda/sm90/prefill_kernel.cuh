@@ -151,7 +151,7 @@ struct PrefillParams {
 __device__ __forceinline__ int2 kv_unit_origin(const AttentionParams& p, const SeqLens& seq, int key0) {
   const CacheParams& c = p.cache;
   if (!c.paged) return make_int2(seq.leftpad + key0, seq.cache_row);
-  const int page_idx = key0 / c.page_size;
+  const int page_idx = c.page_divisor.div(key0);
   int page = c.num_pages;  // out of bounds
   if (page_idx < c.pages_per_seq) {
     const int id = __ldg(c.page_table + int64_t(seq.cache_row) * c.page_table_row_stride +
