@@ -17,12 +17,13 @@
 namespace kvflash::core {
 
 struct FastDivisor {
+  int divisor = 1;  // d itself: the one copy of it, so that d and its multiplier never disagree
   uint32_t multiplier = 1u << 31;
   int shift = 31;  // 31 + s
 
   FastDivisor() = default;
   // d >= 1.
-  explicit FastDivisor(int d) {
+  explicit FastDivisor(int d) : divisor(d) {
     int s = 0;
     while ((int64_t(1) << s) < d) ++s;
     shift = 31 + s;

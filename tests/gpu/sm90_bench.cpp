@@ -103,7 +103,7 @@ cuda::AttentionParams cache_params(const Shape& s, const PageTable& pages, void*
     p.len.capacity = pages.pages_per_seq * s.page;
     p.cache.k_row_stride = p.cache.v_row_stride = s.page * hkd;
     p.cache.paged = true;
-    p.cache.page_size = s.page, p.cache.num_pages = pages.num_pages, p.cache.pages_per_seq = pages.pages_per_seq;
+    p.cache.page_size = core::FastDivisor(s.page), p.cache.num_pages = pages.num_pages, p.cache.pages_per_seq = pages.pages_per_seq;
     p.cache.page_table = pages.table;
     p.cache.page_table_row_stride = pages.pages_per_seq;
   }

@@ -71,13 +71,13 @@ __device__ __forceinline__ bool cache_location(const CacheParams& c, int row, in
     slot = pos;
     return true;
   }
-  const int page_idx = c.page_divisor.div(pos);
+  const int page_idx = c.page_size.div(pos);
   if (page_idx >= c.pages_per_seq) return false;
   const int page = __ldg(c.page_table + int64_t(row) * c.page_table_row_stride +
                          int64_t(page_idx) * c.page_table_col_stride);
   if (page < 0 || page >= c.num_pages) return false;
   unit = page;
-  slot = pos - page_idx * c.page_size;
+  slot = pos - page_idx * c.page_size.divisor;
   return true;
 }
 

@@ -42,8 +42,7 @@ struct CacheParams {
   int64_t k_row_stride = 0, k_pos_stride = 0, k_head_stride = 0;  // row: batch row or page
   int64_t v_row_stride = 0, v_pos_stride = 0, v_head_stride = 0;
   bool paged = false;
-  int page_size = 1;
-  core::FastDivisor page_divisor;  // page_size's
+  core::FastDivisor page_size;  // keys per page (.divisor) and its fast division (.div)
   int num_pages = 0;       // k_cache.shape[0] when paged
   const int32_t* page_table = nullptr;
   int64_t page_table_row_stride = 0, page_table_col_stride = 1;

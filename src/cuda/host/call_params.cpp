@@ -70,8 +70,7 @@ CacheParams cache_params(const core::Problem& p) {
   c.v_row_stride = v.stride(0), c.v_pos_stride = v.stride(1), c.v_head_stride = v.stride(2);
   c.paged = p.paged;
   if (p.paged) {
-    c.page_size = p.page_size;
-    c.page_divisor = core::FastDivisor(p.page_size);
+    c.page_size = core::FastDivisor(p.page_size);
     c.num_pages = int(k.size(0) < v.size(0) ? k.size(0) : v.size(0));
     c.page_table = a.page_table->ptr<const int32_t>();
     c.page_table_row_stride = a.page_table->stride(0);

@@ -151,14 +151,14 @@ struct PrefillParams {
 __device__ __forceinline__ int2 kv_unit_origin(const AttentionParams& p, const SeqLens& seq, int key0) {
   const CacheParams& c = p.cache;
   if (!c.paged) return make_int2(seq.leftpad + key0, seq.cache_row);
-  const int page_idx = c.page_divisor.div(key0);
+  const int page_idx = c.page_size.div(key0);
   int page = c.num_pages;  // out of bounds
   if (page_idx < c.pages_per_seq) {
     const int id = __ldg(c.page_table + int64_t(seq.cache_row) * c.page_table_row_stride +
                          int64_t(page_idx) * c.page_table_col_stride);
     if (id >= 0 && id < c.num_pages) page = id;
   }
-  return make_int2(key0 - page_idx * c.page_size, page);
+  return make_int2(key0 - page_idx * c.page_size.divisor, page);
 }
 
 // Named barriers (ids past CUTLASS's reserved ones): the consumers' epilogue, each group's V
@@ -563,7 +563,7 @@ void launch_prefill(const AttentionParams& ap, int kv_group, cudaStream_t stream
                           make_stride(ap.q.token_stride, _1{}, ap.q.head_stride, q_batch_stride));
   params.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, typename T::SmemLayoutQ{}, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, _1{});
   const CacheParams& c = ap.cache;
-  const int rows = c.paged ? c.page_size : ap.len.capacity;
+  const int rows = c.paged ? c.page_size.divisor : ap.len.capacity;
   const int units = c.paged ? c.num_pages : ap.len.num_cache_seqs;
   params.k_shape = make_shape(int32_t(rows), int32_t(T::kHeadDim), int32_t(ap.num_heads_k), int32_t(units));
   params.v_shape = params.k_shape;
