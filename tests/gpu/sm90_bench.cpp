@@ -1,7 +1,7 @@
 // The sm90 prefill family's ladder (src/cuda/sm90/prefill.h), each rung timed on the same inputs
 // and checked against the portable kernels (the public API with num_splits = 2, which the sm90
 // family never takes): dense bf16 caches, 16k x 16k at head dims 64 / 128 / 256 (non-causal and
-// causal) and 32 prompts of 512 (causal); rungs 1-5 (src/cuda/sm90/prefill.h). Paged rows (pages
+// causal) and 32 prompts of 512 (causal); rungs 1-6 (src/cuda/sm90/prefill.h). Paged rows (pages
 // of 8-64 keys, smaller than a key block, in a random order) run the best rung, the kernel the
 // family rule picks for them. TFLOP/s = 4 d x visible (query, key) pairs x heads / median time of
 // 10 launches after 2 warm-ups.
@@ -164,6 +164,7 @@ double max_abs_diff(const void* a, const void* b, size_t count) {
 // (racecheck reports rung 4, see prefill.h); timed rows every rung.
 bool runs_rung(const Shape& s, bool small, int rung) {
   if (s.page) return rung == cuda::sm90::kBestRung;
+  if (rung == cuda::sm90::kSmallTileRung && s.headdim > cuda::sm90::kSmallTileMaxHeadDim) return false;
   return !small || rung != cuda::sm90::kPingPongRung;
 }
 
@@ -178,7 +179,9 @@ int run_sm90_bench(bool small) {
             : std::vector<Shape>{{1, 16384, 16, 16, 128, false}, {1, 16384, 16, 16, 128, true},
                                  {1, 16384, 32, 32, 64, false},   {1, 16384, 32, 32, 64, true},
                                  {1, 16384, 8, 8, 256, false},    {1, 16384, 8, 8, 256, true},
-                                 {32, 512, 16, 16, 128, true},    {1, 8192, 32, 8, 128, true}};
+                                 {32, 512, 16, 16, 128, true},    {32, 512, 16, 16, 128, false},
+                                 {32, 512, 32, 32, 64, true},     {16, 1024, 16, 16, 128, true},
+                                 {1, 8192, 32, 8, 128, true}};
   // Paged: the engines' pages (16: vLLM; 64: SGLang with FA3) at the dense rows' shapes, and 8 / 32.
   const std::vector<Shape> paged =
       small ? std::vector<Shape>{{2, 200, 2, 1, 64, true, 8},   {2, 200, 2, 2, 128, false, 16},
@@ -193,8 +196,12 @@ int run_sm90_bench(bool small) {
   shapes.insert(shapes.end(), paged.begin(), paged.end());
   std::mt19937 rng(11);
   int failures = 0;
-  std::printf("%-34s %8s %8s %8s %8s %8s %8s %9s %s\n", "shape (bf16, p: page size)", "sm80", "rung1", "rung2",
-              "rung3", "rung4", "rung5", "TFLOP/s", "max|rung - sm80| (1 / 2 / 3 / 4 / 5)");
+  std::string header = format("%-34s %8s", "shape (bf16, p: page size)", "sm80"), rung_list;
+  for (int rung = 1; rung <= cuda::sm90::kRungs; ++rung) {
+    header += format(" %8s", format("rung%d", rung).c_str());
+    rung_list += (rung > 1 ? " / " : "") + std::to_string(rung);
+  }
+  std::printf("%s %9s max|rung - sm80| (%s)\n", header.c_str(), "TFLOP/s", rung_list.c_str());
   for (const Shape& s : shapes) {
     const size_t q_count = size_t(s.batch) * s.seqlen * s.heads * s.headdim;
     const PageTable pages = make_page_table(s, rng);

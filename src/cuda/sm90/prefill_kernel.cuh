@@ -49,7 +49,7 @@ namespace kvflash::cuda::sm90 {
 using namespace cute;
 
 template <class Elem_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kConsumerWGs_, bool kOverlap_,
-          bool kPingPong_ = false, int kPageKeys_ = 0, bool kPersistent_ = false>
+          bool kPingPong_ = false, int kPageKeys_ = 0, bool kPersistent_ = false, int kCtasPerSm_ = 1>
 struct PrefillTraits {
   using Elem = Elem_;  // __nv_bfloat16 or __half
   using E = typename CuteElem<Elem>::type;
@@ -63,9 +63,18 @@ struct PrefillTraits {
   static_assert(!kPersistent || kHeadDim % 64 == 0, "the persistent O tile swizzles 8 16-byte chunks per row");
   static constexpr int kConsumerThreads = 128 * kConsumerWGs;
   static constexpr int kThreads = 128 + kConsumerThreads;
-  // Producer / consumer registers per thread after setmaxnreg (two consumer groups only: with one,
-  // 256 threads already get 255 each).
-  static constexpr bool kReallocate = kConsumerWGs == 2;
+  // CTAs resident per SM (launch bounds): two with one consumer group, so that one CTA's prologue
+  // and epilogue overlap the other's GEMMs (short sequences: many small tiles).
+  static constexpr int kCtasPerSm = kCtasPerSm_;
+  static_assert(kCtasPerSm == 1 || (kCtasPerSm == 2 && kConsumerWGs_ == 1 && !kPersistent_), "two CTAs: one group");
+  // Producer / consumer registers per thread after setmaxnreg: the producer keeps 24, the
+  // consumers take the rest of the CTA's share of the register file (whole multiples of 8). One
+  // CTA of one consumer group does not reallocate: 256 threads already get 255 each.
+  static constexpr bool kReallocate = kConsumerWGs == 2 || kCtasPerSm == 2;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kLaunchRegs = 65536 / (kThreads * kCtasPerSm) / 8 * 8;
+  static constexpr int kConsumerRegs = (kLaunchRegs * kThreads - 128 * kProducerRegs) / kConsumerThreads / 8 * 8;
+  static_assert(!kReallocate || kConsumerRegs >= 232, "the consumers' registers");
   static_assert(kBlockM == 64 * kConsumerWGs || (kConsumerWGs == 1 && kBlockM == 128), "64 rows per atom");
   // Keys of one TMA copy of K or V (a unit): a whole block (dense caches, pages of whole blocks),
   // or one page of kPageKeys < kBlockN keys, kUnits of them per block.
@@ -129,6 +138,7 @@ struct PrefillTraits {
   static_assert(kBlockM * kOStride * 4 <= (cosize_v<SmemLayoutQ> + 2 * cosize_v<SmemLayoutK>) * int(sizeof(E)),
                 "the O tile fits over the Q / K / V tiles");
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kCtasPerSm == 1 || kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs' shared memory");
 };
 
 // Kernel parameters: the portable family's (group 1: one query head per CTA row space) and the TMA
@@ -447,7 +457,8 @@ __device__ __forceinline__ int2 key_blocks(const CtaStart& start) {
 
 // One CTA per tile.
 template <class T>
-__global__ void __launch_bounds__(T::kThreads, 1) prefill_kernel(const __grid_constant__ PrefillParams<T> params) {
+__global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
+    prefill_kernel(const __grid_constant__ PrefillParams<T> params) {
   extern __shared__ __align__(1024) char smem_raw[];
   auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
   // Query blocks in reverse launch order: under a causal mask the longest CTAs start first.
@@ -460,13 +471,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) prefill_kernel(const __grid_co
 
   // Each role's registers are set in its own branch (ptxas allocates each branch to its limit).
   if (threadIdx.x < 128) {
-    if constexpr (T::kReallocate) cutlass::arch::warpgroup_reg_dealloc<24>();
+    if constexpr (T::kReallocate) cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
     auto state = cutlass::make_producer_start_state<typename T::Pipeline>();  // phase 1: buffers empty
     if (threadIdx.x < T::kProducerLanes) {
       produce<T>(params, ss, pipes.k, pipes.v, state, start, head, row0, n.x, n.y, false);
     }
   } else {
-    if constexpr (T::kReallocate) cutlass::arch::warpgroup_reg_alloc<240>();
+    if constexpr (T::kReallocate) cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
     cutlass::PipelineState<T::kStages> state;
     consume<T>(params, ss, pipes.k, pipes.v, state, start, head, row0, n.x, n.y, 0);
   }

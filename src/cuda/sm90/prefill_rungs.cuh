@@ -33,7 +33,14 @@ void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaS
     case 2: return launch_prefill<PrefillTraits<Elem, kHeadDim, 128, kBlockN, 2, 2, false>>(p, kv_group, stream);
     case 3: return launch_prefill<RungTraits3<Elem, kHeadDim>>(p, kv_group, stream);
     case 4: return launch_prefill<PrefillTraits<Elem, kHeadDim, 128, kBlockN, 2, 2, true, true>>(p, kv_group, stream);
-    default:
+    case 6:
+      // Two CTAs of one overlapping group per SM, 64 x 64 tiles (head dim <= 128: two fit).
+      if constexpr (kHeadDim <= kSmallTileMaxHeadDim) {
+        return launch_prefill<PrefillTraits<Elem, kHeadDim, 64, 64, 2, 1, true, false, 0, false, 2>>(p, kv_group,
+                                                                                                     stream);
+      }
+      return launch_prefill<RungTraits3<Elem, kHeadDim>>(p, kv_group, stream);
+    default:  // 5
       return launch_prefill<PrefillTraits<Elem, kHeadDim, 128, kBlockN, 2, 2, true, false, 0, true>>(p, kv_group,
                                                                                                      stream);
   }
