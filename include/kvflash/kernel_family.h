@@ -22,6 +22,7 @@ enum class KernelShape : int8_t {
   decode_16,  // decode kernel, 16 packed query rows per CTA (K and V read once for both tiles)
   prefill,    // prefill kernel, the plan's block_m packed rows per CTA
   mla_decode, // the sm90_mla kernel, the plan's block_m (64) packed rows per CTA
+  prefill_small_tiles,  // the sm90 prefill kernel over 64 x 64 tiles, two CTAs per SM (short prompts)
 };
 
 struct KernelChoice {

@@ -162,11 +162,15 @@ FamilyInputs family_inputs(const PlanKey& key) {
   in.sm90_enabled = sm90 && env_switch_on("KVFLASH_SM90");
   in.sm90_small_pages = sm90 && env_switch_on("KVFLASH_SM90_SMALL_PAGES");
   in.sm90_mla = sm90 && env_switch_on("KVFLASH_SM90_MLA");
+  // KVFLASH_SM90_SMALL_TILES=1 plans short prompts on the sm90 small-tile kernel (opt-in: measured
+  // on an H100 only, session 15).
+  in.sm90_small_tiles = sm90 && env_opted_in("KVFLASH_SM90_SMALL_TILES");
   // The sm90 kernels run one split: a call that asks for more, or that FA3's rule would split at
   // the sm90 tile, stays on the sm80 family (batch-invariant mode plans it one split).
   if (key.num_splits <= 1 && key.arch == 90) {
     const MaskShape mask = normalise_mask(key);
-    const TileSize tile = family_tile(KernelFamily::sm90, tile_inputs(key, mask, false));
+    const TileSize tile = family_tile(KernelFamily::sm90, tile_inputs(key, mask, false),
+                                      family_kernel(KernelFamily::sm90, in).shape);
     in.one_split = planned_num_splits(key, KernelFamily::sm90, mask, tile) == 1;
   }
   return in;
@@ -314,7 +318,7 @@ Plan static_plan(const PlanKey& key, KernelFamily family) {
   plan.is_local = mask.is_local;
   const bool pagedkv_tma = use_pagedkv_tma(key, family, mask);
   const bool paged_non_tma = key.page_size > 0 && !pagedkv_tma;
-  const TileSize tile = family_tile(family, tile_inputs(key, mask, paged_non_tma));
+  const TileSize tile = family_tile(family, tile_inputs(key, mask, paged_non_tma), plan.kernel.shape);
   plan.block_m = tile.block_m;
   plan.block_n = tile.block_n;
   plan.num_splits = planned_num_splits(key, family, mask, tile);

@@ -35,6 +35,9 @@ struct FamilyInputs {
   bool has_qv = false;      // qv given (MLA): the d_v 512 instantiation
   // The sm90_mla kernel for MLA decode: on unless KVFLASH_SM90_MLA=0 (family_inputs()).
   bool sm90_mla = true;
+  // The sm90 family's small tiles for short prompts (sm90_small_tiles()): off unless
+  // KVFLASH_SM90_SMALL_TILES=1 (family_inputs()).
+  bool sm90_small_tiles = false;
 };
 
 // Keys per block of the sm90 family's kernels at head dim d (src/cuda/sm90/prefill_kernel.cuh);
@@ -69,6 +72,20 @@ KVFLASH_HD constexpr bool sm90_takes(const FamilyInputs& in) {
   const int d = in.headdim;
   return in.sixteen_bit && d == in.headdim_v && (d == 64 || d == 128 || d == 256) && !in.has_qv &&
          in.max_seqlen_q >= 64 && in.one_split && sm90_reads_pages(in);
+}
+
+// The sm90 family's small-tile kernel (src/cuda/sm90/prefill.h, rung 6): 64 x 64 tiles, two CTAs
+// per SM, so that one CTA's prologue and epilogue overlap the other's GEMMs. It pays on short
+// prompts only (session 15 on an H100: b32 x 512 d 128 causal 0.184 -> 0.161 ms, b16 x 1024
+// 0.238 -> 0.223; b1 x 16k 20% slower), up to head dim 128 (two CTAs' tiles fit in shared memory),
+// over a dense cache or pages of whole 64-key blocks. Opt-in until measured on the H200.
+constexpr int kSm90SmallTile = 64;
+constexpr int kSm90SmallTileMaxHeadDim = 128;
+constexpr int kSm90SmallTileMaxSeqlenQ = 1024;
+KVFLASH_HD constexpr bool sm90_small_tiles(const FamilyInputs& in) {
+  const int widest = round_up_headdim(in.headdim > in.headdim_v ? in.headdim : in.headdim_v);
+  return in.sm90_small_tiles && widest <= kSm90SmallTileMaxHeadDim && in.max_seqlen_q <= kSm90SmallTileMaxSeqlenQ &&
+         in.page_size % kSm90SmallTile == 0;
 }
 
 // Tile t of the sm90 family's persistent kernel (src/cuda/sm90/prefill_kernel.cuh), over m_blocks
@@ -108,8 +125,12 @@ KVFLASH_HD constexpr KernelFamily kernel_family(const FamilyInputs& in) {
 }
 
 // The family's tile (core/tile_size.h's sm80 table; the sm90 kernels' compiled 128 x
-// sm90_block_n, whatever the mask).
-KVFLASH_HD constexpr TileSize family_tile(KernelFamily family, const TileInputs& in) {
+// sm90_block_n, whatever the mask, or 64 x 64 for the small-tile kernel's `shape`).
+KVFLASH_HD constexpr TileSize family_tile(KernelFamily family, const TileInputs& in,
+                                          KernelShape shape = KernelShape::prefill) {
+  if (family == KernelFamily::sm90 && shape == KernelShape::prefill_small_tiles) {
+    return {kSm90SmallTile, kSm90SmallTile};
+  }
   if (family == KernelFamily::sm90) {
     const int d = round_up_headdim(in.headdim), dv = round_up_headdim_v(in.headdim_v);
     return {128, sm90_block_n(d > dv ? d : dv)};
@@ -166,6 +187,7 @@ KVFLASH_HD constexpr KernelChoice family_kernel(KernelFamily family, const Famil
   const InstanceDims dims = instance_dims(in.headdim, in.headdim_v, in.has_qv, !in.sixteen_bit);
   const KernelShape shape = family == KernelFamily::sm80       ? sm80_shape(in.packed_rows, dims)
                            : family == KernelFamily::sm90_mla ? KernelShape::mla_decode
+                           : sm90_small_tiles(in)             ? KernelShape::prefill_small_tiles
                                                               : KernelShape::prefill;
   return KernelChoice{family, shape, dims.headdim, dims.headdim_v};
 }

@@ -204,6 +204,7 @@ const char* shape_name(KernelShape shape) {
     case KernelShape::decode_16: return "decode_16";
     case KernelShape::prefill: return "prefill";
     case KernelShape::mla_decode: return "mla_decode";
+    case KernelShape::prefill_small_tiles: return "prefill_small_tiles";
   }
   return "?";
 }

@@ -75,9 +75,11 @@ using testing::ScopedEnv;
 // them: packed rows = s_q x group), and what the Plan says, agree on every random case for every
 // arch; the Plan's kernel is in the table, its compiled tile is the Plan's tile and the grid's
 // rows per CTA are the kernel's.
-TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
+// small_tiles: KVFLASH_SM90_SMALL_TILES's value (the sm90 small-tile kernel for short prompts).
+void expect_planner_and_dispatcher_agree(const char* small_tiles) {
+  const ScopedEnv env("KVFLASH_SM90_SMALL_TILES", small_tiles);
   const int archs[] = {80, 86, 89, 90, 100, 120};
-  int checked = 0, sm90 = 0, sm90_small_pages = 0, sm90_mla = 0, fp8 = 0;
+  int checked = 0, sm90 = 0, sm90_small_pages = 0, sm90_small_tiles = 0, sm90_mla = 0, fp8 = 0;
   std::set<std::tuple<int, int, int, int>> kernels;
   // The default draws, then prefill shapes (the sm90 family's head dims, >= 64 query rows), then
   // MLA draws (the GPU runner's mla subset).
@@ -109,6 +111,7 @@ TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
       call.sm90_enabled = true;  // the planner's split rule decides it
       call.has_qv = p.has_qv;
       call.sm90_mla = true;
+      call.sm90_small_tiles = core::family_inputs(key).sm90_small_tiles;  // the switch decides it
       EXPECT_EQ(plan.kernel, core::choose_kernel(call));
       if (plan.kernel.family == KernelFamily::sm90) {
         ++sm90;
@@ -117,6 +120,11 @@ TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
         EXPECT_GE(p.seqlen_q, 64);
         // Pages smaller than a key block (the GPU runner's sm90 subset draws these limits too).
         if (p.paged && p.page_size < core::sm90_block_n(p.headdim)) ++sm90_small_pages;
+        if (plan.kernel.shape == KernelShape::prefill_small_tiles) {
+          ++sm90_small_tiles;
+          EXPECT_LE(p.seqlen_q, core::kSm90SmallTileMaxSeqlenQ);
+          EXPECT_EQ(plan.block_m, core::kSm90SmallTile);
+        }
       } else if (plan.kernel.family == KernelFamily::sm90_mla) {
         ++sm90_mla;
         EXPECT_EQ(arch, 90);
@@ -130,7 +138,7 @@ TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
       EXPECT_TRUE(in_table(plan.kernel, p.fp8 ? bf16 : p.dtype, p.fp8_cache));
       fp8 += p.fp8_cache;
       const core::TileSize compiled = core::family_tile(
-          plan.kernel.family, core::TileInputs{plan.kernel.headdim, plan.kernel.headdim_v});
+          plan.kernel.family, core::TileInputs{plan.kernel.headdim, plan.kernel.headdim_v}, plan.kernel.shape);
       EXPECT_EQ(compiled.block_m, plan.block_m);
       EXPECT_EQ(compiled.block_n, plan.block_n);
       const int rows = cuda::rows_per_cta(plan);
@@ -150,7 +158,13 @@ TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) {
   EXPECT_GT(sm90_small_pages, 0);  // ... some of them paged by pages smaller than a key block
   EXPECT_GT(kernels.size(), 30u);  // every shape over several instantiations was reached
   EXPECT_GT(fp8, 100);  // fp8 calls and 16-bit queries over fp8 caches among them
+  // ... and short prompts on the small-tile kernel exactly when the switch is on.
+  EXPECT_EQ(sm90_small_tiles > 0, std::string(small_tiles) == "1");
 }
+
+TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) { expect_planner_and_dispatcher_agree("0"); }
+
+TEST(KernelFamily, PlannerAndDispatcherAgreeWithSm90SmallTiles) { expect_planner_and_dispatcher_agree("1"); }
 
 // Every head-dim pair the CUDA backend accepts has its instantiation, in both 16-bit dtypes: d
 // and d_v up to 256, d_v up to 512 with d <= 64 (the contract's MLA pairs), and qv's calls (d <=
@@ -236,6 +250,7 @@ TEST(KernelFamily, Sm90RuleRow) {
   EXPECT_EQ(with([](auto& c) { c.page_size = 256, c.has_leftpad = true; }), KernelFamily::sm80);
   EXPECT_EQ(with([](auto& c) { c.has_leftpad = true; }), KernelFamily::sm90);  // dense: TMA at any row
 }
+
 
 // Calls the sm90_mla kernel takes (MLA decode: qv, at most kSm90MlaMaxSeqlenQ query tokens, fp16
 // / bf16, on sm_90, opted in), one condition changed at a time; every cache layout.
@@ -437,6 +452,46 @@ TEST(KernelFamily, Sm90NeedsOneSplit) {
   short_q.max_seqlen_k = 65536;
   EXPECT_GT(core::static_plan(short_q, KernelFamily::sm90).num_splits, 1);
   EXPECT_EQ(core::static_plan(short_q).kernel.family, KernelFamily::sm80);
+}
+
+// The sm90 small-tile kernel's row (opt-in): short prompts, head dims up to 128, dense or pages of
+// whole 64-key blocks; its tile is 64 x 64.
+TEST(KernelFamily, Sm90SmallTilesRuleRow) {
+  core::FamilyInputs in{90, true, 128, 128, 512};
+  in.max_seqlen_q = 512;
+  in.one_split = true;
+  EXPECT_EQ(core::choose_kernel(in).shape, KernelShape::prefill);  // off by default
+  in.sm90_small_tiles = true;
+  const KernelChoice small = core::choose_kernel(in);
+  EXPECT_EQ(small.family, KernelFamily::sm90);
+  EXPECT_EQ(small.shape, KernelShape::prefill_small_tiles);
+  const core::TileSize tile = core::family_tile(KernelFamily::sm90, core::TileInputs{128, 128}, small.shape);
+  EXPECT_EQ(tile.block_m, 64);
+  EXPECT_EQ(tile.block_n, 64);
+  auto shape_with = [&](auto change) {
+    core::FamilyInputs c = in;
+    change(c);
+    return core::choose_kernel(c).shape;
+  };
+  EXPECT_EQ(shape_with([](auto& c) { c.headdim = c.headdim_v = 64; }), KernelShape::prefill_small_tiles);
+  EXPECT_EQ(shape_with([](auto& c) { c.page_size = 64; }), KernelShape::prefill_small_tiles);
+  EXPECT_EQ(shape_with([](auto& c) { c.page_size = 128; }), KernelShape::prefill_small_tiles);
+  EXPECT_EQ(shape_with([](auto& c) { c.max_seqlen_q = 1024; }), KernelShape::prefill_small_tiles);
+  EXPECT_EQ(shape_with([](auto& c) { c.max_seqlen_q = 1025; }), KernelShape::prefill);
+  EXPECT_EQ(shape_with([](auto& c) { c.headdim = c.headdim_v = 256; }), KernelShape::prefill);
+  EXPECT_EQ(shape_with([](auto& c) { c.page_size = 16; }), KernelShape::prefill);  // pages of 16: rung 3's
+  // The planner: the switch on, a short prompt gets the 64 x 64 tile in its Plan.
+  const ScopedEnv on("KVFLASH_SM90_SMALL_TILES", "1");
+  PlanKey raw = prefill_key();
+  raw.max_seqlen_q = raw.max_seqlen_k = 512;
+  PlanKey key = core::canonical_key(raw, core::DeviceInfo{132, 90});
+  const Plan plan = core::static_plan(key);
+  EXPECT_EQ(plan.kernel.shape, KernelShape::prefill_small_tiles);
+  EXPECT_EQ(plan.block_m, 64);
+  EXPECT_EQ(plan.block_n, 64);
+  EXPECT_EQ(cuda::rows_per_cta(plan), 64);
+  key.max_seqlen_q = 4096;
+  EXPECT_EQ(core::static_plan(key).kernel.shape, KernelShape::prefill);
 }
 
 // A padded batch of prompts (no cu_seqlens_q) has all its query tiles: 32 prompts of 512 at d 256

@@ -61,6 +61,9 @@ step sm90 sm90.log env KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$R
 # The same draws on the persistent rung (opt-in KVFLASH_SM90_PERSISTENT=1: slower than rung 3 so far).
 step sm90persistent sm90persistent.log env KVFLASH_SM90_PERSISTENT=1 KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random \
   "${SM90_PERSISTENT_CASES:-300}" 1 sm90
+# The same draws on the small-tile kernel (KVFLASH_SM90_SMALL_TILES=1 plans short prompts on rung 6).
+step sm90small sm90small.log env KVFLASH_SM90_SMALL_TILES=1 KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random \
+  "${SM90_SMALL_CASES:-300}" 1 sm90
 step sm80prefill sm80prefill.log env KVFLASH_SM90=0 "$RUNNER" random "${SM80_PREFILL_CASES:-300}" 20001 prefill
 # MLA (d 64 / d_v 512, qv, only_qv, 1 KV head, 16 or 128 query heads), which a plain draw rarely makes.
 step mla mla.log env KVFLASH_SM90_MLA=0 "$RUNNER" random "${MLA_CASES:-300}" 1 mla
@@ -84,6 +87,7 @@ sanitize() {  # sanitize TOOL CASES FIRST_SEED
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 200 ))" prefill &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 300 ))" sm90 &&
     env KVFLASH_SM90_PERSISTENT=1 $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 700 ))" sm90 &&
+    env KVFLASH_SM90_SMALL_TILES=1 $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 800 ))" sm90 &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 400 ))" mla &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 500 ))" sm90mla &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 600 ))" fp8 && $t "$RUNNER" sm90bench small && $t "$RUNNER" graph
@@ -119,9 +123,9 @@ step floors floors.log floors
 echo
 echo "=== summary ($(head -1 "$OUT/resources.txt")) ==="
 printf '%-10s %s\n' step result
-for s in build random sm90 sm90persistent sm80prefill mla sm90mla mlabench fp8 sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
+for s in build random sm90 sm90persistent sm90small sm80prefill mla sm90mla mlabench fp8 sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
 grep -h "^random:" "$OUT/random.log" || true
-grep -h "^random sm90" "$OUT/sm90.log" "$OUT/sm90persistent.log" || true
+grep -h "^random sm90" "$OUT/sm90.log" "$OUT/sm90persistent.log" "$OUT/sm90small.log" || true
 grep -h "^random prefill" "$OUT/sm80prefill.log" || true
 grep -h "^random mla" "$OUT/mla.log" || true
 grep -h "^random sm90mla" "$OUT/sm90mla.log" || true

@@ -13,13 +13,16 @@
 namespace kvflash::cuda {
 
 // Not launched to overlap the previous kernel: a prefill grid is many CTAs (see sm80/launch.cuh).
-// KVFLASH_SM90_PERSISTENT=1 runs the persistent rung instead (prefill.h; opt-in: correct on the
-// H200 but slower than rung 3 on six of eight shapes, BENCHMARKS.md session 11).
+// The Plan's small-tile shape runs rung 6 (core::sm90_small_tiles, opt-in). KVFLASH_SM90_PERSISTENT=1
+// runs the persistent rung instead of rung 3 (prefill.h; opt-in: correct on the H200 but slower than
+// rung 3 on six of eight shapes, BENCHMARKS.md session 11; the same 128-row tile as rung 3).
 template <class Elem, int kHeadDim, int kHeadDimV>
-void launch_sm90_attention(const AttentionParams& p, KernelShape /*shape*/, bool /*overlap_previous*/,
+void launch_sm90_attention(const AttentionParams& p, KernelShape shape, bool /*overlap_previous*/,
                            cudaStream_t stream) {
   static_assert(kHeadDim == kHeadDimV, "the sm90 family runs d == d_v");
-  const int rung = core::env_opted_in("KVFLASH_SM90_PERSISTENT") ? sm90::kPersistentRung : sm90::kBestRung;
+  const int rung = shape == KernelShape::prefill_small_tiles          ? sm90::kSmallTileRung
+                   : core::env_opted_in("KVFLASH_SM90_PERSISTENT") ? sm90::kPersistentRung
+                                                                    : sm90::kBestRung;
   sm90::launch_prefill_rung<Elem, kHeadDim>(p, p.group, rung, stream);
 }
 

@@ -21,7 +21,7 @@ constexpr int prefill_block_n(int headdim) { return core::sm90_block_n(headdim);
 // (one CTA per SM walks the tiles; session 11 on the H200: correct, slower than 3 on six of eight
 // shapes, up to 20 % at d 256 causal); 6: two CTAs per SM, each one overlapping group over 64 x 64
 // tiles (head dim <= 128; rung 3 above), for short sequences, where rung 3's one CTA per SM
-// leaves its prologue and epilogue exposed.
+// leaves its prologue and epilogue exposed (planned for short prompts with KVFLASH_SM90_SMALL_TILES=1).
 // Rung 3 runs: rung 4 is 2 % faster at d 128 and slower at d 64 / 256 (BENCHMARKS.md, session 5),
 // and compute-sanitizer's racecheck reports epilogue hazards in rung 4 only (a tool that counts
 // the turn barriers' bar.arrive as no barrier would see the groups one barrier apart there).
@@ -29,8 +29,8 @@ constexpr int kRungs = 6;
 constexpr int kBestRung = 3;
 constexpr int kPingPongRung = 4;    // left out of the sanitizers' runs (racecheck, above)
 constexpr int kPersistentRung = 5;
-constexpr int kSmallTileRung = 6;
-constexpr int kSmallTileMaxHeadDim = 128;  // rung 6's two CTAs fit in shared memory up to here
+constexpr int kSmallTileRung = 6;  // core::sm90_small_tiles plans it
+constexpr int kSmallTileMaxHeadDim = core::kSm90SmallTileMaxHeadDim;
 
 // Attention over `p` (one split; rows are query indices of one head, K / V head = query head /
 // kv_group) by rung `rung`'s kernel; a paged cache of pages smaller than a key block (8, 16, ...

@@ -27,18 +27,22 @@ template <class Elem, int kHeadDim>
 void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaStream_t stream) {
   // 128 keys per block up to head dim 128; 64 at 256 (two stages of K and V then fit beside Q).
   constexpr int kBlockN = prefill_block_n(kHeadDim);
+  // Rung 6: two CTAs of one overlapping group per SM over 64 x 64 tiles (head dim <= 128: two fit),
+  // over a dense cache or pages of whole tiles (core::sm90_small_tiles).
+  constexpr int kSmall = core::kSm90SmallTile;
+  if constexpr (kHeadDim <= kSmallTileMaxHeadDim) {
+    if (rung == kSmallTileRung && (!p.cache.paged || p.cache.page_size.divisor % kSmall == 0)) {
+      return launch_prefill<PrefillTraits<Elem, kHeadDim, kSmall, kSmall, 2, 1, true, false, 0, false, 2>>(
+          p, kv_group, stream);
+    }
+  }
   if (p.cache.paged && p.cache.page_size.divisor % kBlockN != 0) return launch_small_pages<Elem, kHeadDim>(p, kv_group, stream);
   switch (rung) {
     case 1: return launch_prefill<PrefillTraits<Elem, kHeadDim, 64, kBlockN, 2, 1, false>>(p, kv_group, stream);
     case 2: return launch_prefill<PrefillTraits<Elem, kHeadDim, 128, kBlockN, 2, 2, false>>(p, kv_group, stream);
     case 3: return launch_prefill<RungTraits3<Elem, kHeadDim>>(p, kv_group, stream);
     case 4: return launch_prefill<PrefillTraits<Elem, kHeadDim, 128, kBlockN, 2, 2, true, true>>(p, kv_group, stream);
-    case 6:
-      // Two CTAs of one overlapping group per SM, 64 x 64 tiles (head dim <= 128: two fit).
-      if constexpr (kHeadDim <= kSmallTileMaxHeadDim) {
-        return launch_prefill<PrefillTraits<Elem, kHeadDim, 64, 64, 2, 1, true, false, 0, false, 2>>(p, kv_group,
-                                                                                                     stream);
-      }
+    case kSmallTileRung:  // at d 256 (two CTAs do not fit): rung 3
       return launch_prefill<RungTraits3<Elem, kHeadDim>>(p, kv_group, stream);
     default:  // 5
       return launch_prefill<PrefillTraits<Elem, kHeadDim, 128, kBlockN, 2, 2, true, false, 0, true>>(p, kv_group,
