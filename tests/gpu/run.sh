@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU test runner, one call on a GPU machine: build (all instantiations, sm_80 + sm_90a),
-# resource usage of the kernels, >= 1000 random differential cases against the oracle (and 300
-# MLA ones on the portable kernels, 300 on the sm90_mla kernel, its bench rows, 300 fp8 ones),
+# resource usage of the kernels, >= 1000 random differential cases against the oracle (the sm90
+# family's draws on its default, persistent and small-tile kernels, 300 MLA ones on the portable
+# kernels, 300 on the sm90_mla kernel, its bench rows, 300 fp8 ones),
 # compute-sanitizer memcheck, racecheck, initcheck and synccheck over a subset (memcheck also over
 # issue 18's malformed-call table), bitwise determinism and batch invariance, the same cases from
 # several threads on their own streams, the CUDA-graph

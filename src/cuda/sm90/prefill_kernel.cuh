@@ -8,7 +8,8 @@
 //  - kConsumerWGs consumer warp groups (64 rows each) run S = Q K^T as wgmma with both operands in
 //    shared memory, the online softmax in registers, and O += P V as wgmma with P from registers
 //    (the accumulator layout reused as the A fragment) and V^T read through a transposed view.
-//  - With two consumer groups the producer gives its registers to them (setmaxnreg 24 / 240).
+//  - With two consumer groups the producer gives its registers to them (setmaxnreg 24 / 240); so
+//    does it with one group when two CTAs share an SM (kCtasPerSm, 24 / 232).
 //  - kOverlap: within a group, the S GEMM of block j+1 and the P V GEMM of block j are issued
 //    together and the softmax of block j+1 runs while the tensor cores work (FA3's intra-warpgroup
 //    overlap).
