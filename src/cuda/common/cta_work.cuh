@@ -135,8 +135,8 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, const RowDe
     } else {
       Elem* dst = static_cast<Elem*>(p.out.data) + out_batch * p.out.batch_stride +
                   token * p.out.token_stride + head * p.out.head_stride + ch;
-      *reinterpret_cast<uint4*>(dst) =
-          make_uint4(pack2<Elem>(lo.x, lo.y), pack2<Elem>(lo.z, lo.w), pack2<Elem>(hi.x, hi.y), pack2<Elem>(hi.z, hi.w));
+      *reinterpret_cast<uint4*>(dst) = make_uint4(pack2<Elem>(lo.x, lo.y), pack2<Elem>(lo.z, lo.w),
+                                                  pack2<Elem>(hi.x, hi.y), pack2<Elem>(hi.z, hi.w));
     }
     if (ch == 0) {
       if (dst_rows.partial) {

@@ -18,7 +18,9 @@ template <class Elem, int kHeadDim, int kPageKeys = core::kSm90MinPageKeys>
 void launch_small_pages(const AttentionParams& p, int kv_group, cudaStream_t stream) {
   static_assert(core::sm90_page_fits(kPageKeys, kHeadDim));
   if constexpr (2 * kPageKeys < prefill_block_n(kHeadDim)) {
-    if (p.cache.page_size.divisor != kPageKeys) return launch_small_pages<Elem, kHeadDim, 2 * kPageKeys>(p, kv_group, stream);
+    if (p.cache.page_size.divisor != kPageKeys) {
+      return launch_small_pages<Elem, kHeadDim, 2 * kPageKeys>(p, kv_group, stream);
+    }
   }
   launch_prefill<RungTraits3<Elem, kHeadDim, kPageKeys>>(p, kv_group, stream);
 }
@@ -36,7 +38,9 @@ void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaS
           p, kv_group, stream);
     }
   }
-  if (p.cache.paged && p.cache.page_size.divisor % kBlockN != 0) return launch_small_pages<Elem, kHeadDim>(p, kv_group, stream);
+  if (p.cache.paged && p.cache.page_size.divisor % kBlockN != 0) {
+    return launch_small_pages<Elem, kHeadDim>(p, kv_group, stream);
+  }
   switch (rung) {
     case 1: return launch_prefill<PrefillTraits<Elem, kHeadDim, 64, kBlockN, 2, 1, false>>(p, kv_group, stream);
     case 2: return launch_prefill<PrefillTraits<Elem, kHeadDim, 128, kBlockN, 2, 2, false>>(p, kv_group, stream);
