@@ -134,8 +134,9 @@ struct PrefillTraits {
     alignas(16) cutlass::arch::ClusterTransactionBarrier q_full;
     typename Pipeline::SharedStorage pipe_k, pipe_v;
   };
-  // The epilogue's fp32 O tile (rows padded by 4 floats) reuses the Q, K and V tiles.
-  static constexpr int kOStride = kHeadDim + 4;
+  // The epilogue's fp32 O tile reuses the Q, K and V tiles. Rows are padded by 8 floats: half
+  // a warp's 64-bit accumulator stores (4 rows x 4 column pairs, one phase) then cover 32 distinct banks.
+  static constexpr int kOStride = kHeadDim + 8;
   static_assert(kBlockM * kOStride * 4 <= (cosize_v<SmemLayoutQ> + 2 * cosize_v<SmemLayoutK>) * int(sizeof(E)),
                 "the O tile fits over the Q / K / V tiles");
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
