@@ -140,6 +140,15 @@ int planned_num_splits(const PlanKey& key, KernelFamily family, const MaskShape&
   return get_num_splits(key, family, mask, tile);
 }
 
+// The keys the middle query row, (s_q - 1) / 2, sees under the normalised mask (diagonals are
+// bottom-right aligned: row r's is key s_k - s_q + r).
+int middle_row_keys(const PlanKey& key, const MaskShape& mask) {
+  const int64_t s_k = key.max_seqlen_k, diagonal = s_k - key.max_seqlen_q + (key.max_seqlen_q - 1) / 2;
+  const int64_t first = std::max<int64_t>(0, diagonal - mask.window_left);
+  const int64_t last = std::min<int64_t>(s_k - 1, diagonal + mask.window_right);
+  return int(std::max<int64_t>(0, last - first + 1));
+}
+
 }  // namespace
 
 FamilyInputs family_inputs(const PlanKey& key) {
@@ -162,13 +171,14 @@ FamilyInputs family_inputs(const PlanKey& key) {
   in.sm90_enabled = sm90 && env_switch_on("KVFLASH_SM90");
   in.sm90_small_pages = sm90 && env_switch_on("KVFLASH_SM90_SMALL_PAGES");
   in.sm90_mla = sm90 && env_switch_on("KVFLASH_SM90_MLA");
-  // KVFLASH_SM90_SMALL_TILES=1 plans short prompts on the sm90 small-tile kernel (opt-in: measured
-  // on an H100 only, session 15).
-  in.sm90_small_tiles = sm90 && env_opted_in("KVFLASH_SM90_SMALL_TILES");
+  // KVFLASH_SM90_SMALL_TILES=0 keeps short prompts off the sm90 small-tile kernel (on since
+  // session 16's H100 run).
+  in.sm90_small_tiles = sm90 && env_switch_on("KVFLASH_SM90_SMALL_TILES");
+  const MaskShape mask = normalise_mask(key);
+  in.middle_row_keys = middle_row_keys(key, mask);
   // The sm90 kernels run one split: a call that asks for more, or that FA3's rule would split at
   // the sm90 tile, stays on the sm80 family (batch-invariant mode plans it one split).
   if (key.num_splits <= 1 && key.arch == 90) {
-    const MaskShape mask = normalise_mask(key);
     const TileSize tile = family_tile(KernelFamily::sm90, tile_inputs(key, mask, false),
                                       family_kernel(KernelFamily::sm90, in).shape);
     in.one_split = planned_num_splits(key, KernelFamily::sm90, mask, tile) == 1;

@@ -35,9 +35,12 @@ struct FamilyInputs {
   bool has_qv = false;      // qv given (MLA): the d_v 512 instantiation
   // The sm90_mla kernel for MLA decode: on unless KVFLASH_SM90_MLA=0 (family_inputs()).
   bool sm90_mla = true;
-  // The sm90 family's small tiles for short prompts (sm90_small_tiles()): off unless
-  // KVFLASH_SM90_SMALL_TILES=1 (family_inputs()).
+  // The sm90 family's small tiles for short prompts (sm90_small_tiles()): on unless
+  // KVFLASH_SM90_SMALL_TILES=0 (family_inputs()).
   bool sm90_small_tiles = false;
+  // Keys the middle query row attends to under the mask (family_inputs(): the static extent, the
+  // normalised window): a query tile's average work.
+  int middle_row_keys = 0;
 };
 
 // Keys per block of the sm90 family's kernels at head dim d (src/cuda/sm90/prefill_kernel.cuh);
@@ -75,17 +78,20 @@ KVFLASH_HD constexpr bool sm90_takes(const FamilyInputs& in) {
 }
 
 // The sm90 family's small-tile kernel (src/cuda/sm90/prefill.h, rung 6): 64 x 64 tiles, two CTAs
-// per SM, so that one CTA's prologue and epilogue overlap the other's GEMMs. It pays on short
-// prompts only (session 15 on an H100: b32 x 512 d 128 causal 0.184 -> 0.161 ms, b16 x 1024
-// 0.238 -> 0.223; b1 x 16k 20% slower), up to head dim 128 (two CTAs' tiles fit in shared memory),
-// over a dense cache or pages of whole 64-key blocks. Opt-in until measured on the H200.
+// per SM, so that one CTA's prologue and epilogue overlap the other's GEMMs. It pays while a query
+// tile's key loop is short (session 16, H100, through the API, 16 heads, d 128: b32 x 512 causal
+// 0.176 -> 0.155 ms, full 0.211 -> 0.205, b16 x 1024 causal 0.230 -> 0.216 (512 keys per row on
+// average), but b16 x 1024 full 0.309 -> 0.321 and b1 x 16k 20% slower): so at most 512 keys for
+// the middle query row, prompts of up to 1,024 tokens, head dim <= 128 (two CTAs' tiles fit in
+// shared memory), over a dense cache or pages of whole 64-key blocks.
 constexpr int kSm90SmallTile = 64;
 constexpr int kSm90SmallTileMaxHeadDim = 128;
 constexpr int kSm90SmallTileMaxSeqlenQ = 1024;
+constexpr int kSm90SmallTileMaxKeys = 512;
 KVFLASH_HD constexpr bool sm90_small_tiles(const FamilyInputs& in) {
   const int widest = round_up_headdim(in.headdim > in.headdim_v ? in.headdim : in.headdim_v);
   return in.sm90_small_tiles && widest <= kSm90SmallTileMaxHeadDim && in.max_seqlen_q <= kSm90SmallTileMaxSeqlenQ &&
-         in.page_size % kSm90SmallTile == 0;
+         in.middle_row_keys <= kSm90SmallTileMaxKeys && in.page_size % kSm90SmallTile == 0;
 }
 
 // Tile t of the sm90 family's persistent kernel (src/cuda/sm90/prefill_kernel.cuh), over m_blocks

@@ -112,6 +112,7 @@ void expect_planner_and_dispatcher_agree(const char* small_tiles) {
       call.has_qv = p.has_qv;
       call.sm90_mla = true;
       call.sm90_small_tiles = core::family_inputs(key).sm90_small_tiles;  // the switch decides it
+      call.middle_row_keys = core::family_inputs(key).middle_row_keys;    // the mask's extent
       EXPECT_EQ(plan.kernel, core::choose_kernel(call));
       if (plan.kernel.family == KernelFamily::sm90) {
         ++sm90;
@@ -123,6 +124,7 @@ void expect_planner_and_dispatcher_agree(const char* small_tiles) {
         if (plan.kernel.shape == KernelShape::prefill_small_tiles) {
           ++sm90_small_tiles;
           EXPECT_LE(p.seqlen_q, core::kSm90SmallTileMaxSeqlenQ);
+          EXPECT_LE(call.middle_row_keys, core::kSm90SmallTileMaxKeys);
           EXPECT_EQ(plan.block_m, core::kSm90SmallTile);
         }
       } else if (plan.kernel.family == KernelFamily::sm90_mla) {
@@ -159,7 +161,7 @@ void expect_planner_and_dispatcher_agree(const char* small_tiles) {
   EXPECT_GT(kernels.size(), 30u);  // every shape over several instantiations was reached
   EXPECT_GT(fp8, 100);  // fp8 calls and 16-bit queries over fp8 caches among them
   // ... and short prompts on the small-tile kernel exactly when the switch is on.
-  EXPECT_EQ(sm90_small_tiles > 0, std::string(small_tiles) == "1");
+  EXPECT_EQ(sm90_small_tiles > 0, std::string(small_tiles) != "0");
 }
 
 TEST(KernelFamily, PlannerAndDispatcherAgreeOverTheRandomCaseSpace) { expect_planner_and_dispatcher_agree("0"); }
@@ -454,13 +456,15 @@ TEST(KernelFamily, Sm90NeedsOneSplit) {
   EXPECT_EQ(core::static_plan(short_q).kernel.family, KernelFamily::sm80);
 }
 
-// The sm90 small-tile kernel's row (opt-in): short prompts, head dims up to 128, dense or pages of
-// whole 64-key blocks; its tile is 64 x 64.
+// The sm90 small-tile kernel's row: short key loops (the middle query row sees <= 512 keys) of
+// prompts up to 1,024 tokens, head dims up to 128, dense or pages of whole 64-key blocks; its tile
+// is 64 x 64. On by default in the planner, off by KVFLASH_SM90_SMALL_TILES=0.
 TEST(KernelFamily, Sm90SmallTilesRuleRow) {
   core::FamilyInputs in{90, true, 128, 128, 512};
   in.max_seqlen_q = 512;
+  in.middle_row_keys = 512;
   in.one_split = true;
-  EXPECT_EQ(core::choose_kernel(in).shape, KernelShape::prefill);  // off by default
+  EXPECT_EQ(core::choose_kernel(in).shape, KernelShape::prefill);  // the switch off
   in.sm90_small_tiles = true;
   const KernelChoice small = core::choose_kernel(in);
   EXPECT_EQ(small.family, KernelFamily::sm90);
@@ -478,20 +482,35 @@ TEST(KernelFamily, Sm90SmallTilesRuleRow) {
   EXPECT_EQ(shape_with([](auto& c) { c.page_size = 128; }), KernelShape::prefill_small_tiles);
   EXPECT_EQ(shape_with([](auto& c) { c.max_seqlen_q = 1024; }), KernelShape::prefill_small_tiles);
   EXPECT_EQ(shape_with([](auto& c) { c.max_seqlen_q = 1025; }), KernelShape::prefill);
+  EXPECT_EQ(shape_with([](auto& c) { c.middle_row_keys = 513; }), KernelShape::prefill);
   EXPECT_EQ(shape_with([](auto& c) { c.headdim = c.headdim_v = 256; }), KernelShape::prefill);
   EXPECT_EQ(shape_with([](auto& c) { c.page_size = 16; }), KernelShape::prefill);  // pages of 16: rung 3's
-  // The planner: the switch on, a short prompt gets the 64 x 64 tile in its Plan.
-  const ScopedEnv on("KVFLASH_SM90_SMALL_TILES", "1");
-  PlanKey raw = prefill_key();
-  raw.max_seqlen_q = raw.max_seqlen_k = 512;
-  PlanKey key = core::canonical_key(raw, core::DeviceInfo{132, 90});
-  const Plan plan = core::static_plan(key);
+  // The planner (switch unset: on): a short prompt gets the 64 x 64 tile in its Plan.
+  const auto plan_of = [](int seqlen_q, int seqlen_k, bool causal, int window_left = -1) {
+    PlanKey raw = prefill_key();
+    raw.batch = 8, raw.max_seqlen_q = seqlen_q, raw.max_seqlen_k = seqlen_k;
+    raw.causal = causal, raw.window_left = window_left;
+    const Plan plan = core::static_plan(core::canonical_key(raw, core::DeviceInfo{132, 90}));
+    EXPECT_EQ(plan.kernel.family, KernelFamily::sm90);  // one split: the sm90 family's
+    return plan;
+  };
+  const Plan plan = plan_of(512, 512, false);
   EXPECT_EQ(plan.kernel.shape, KernelShape::prefill_small_tiles);
   EXPECT_EQ(plan.block_m, 64);
   EXPECT_EQ(plan.block_n, 64);
   EXPECT_EQ(cuda::rows_per_cta(plan), 64);
-  key.max_seqlen_q = 4096;
-  EXPECT_EQ(core::static_plan(key).kernel.shape, KernelShape::prefill);
+  EXPECT_EQ(plan_of(4096, 4096, false).kernel.shape, KernelShape::prefill);
+  // The middle row's keys: 1,024 causal tokens (its row 511 sees 512) yes, 1,024 full no, a
+  // 512-token extend over 8k of cache no, the same with a 255-key window yes (256 keys), with a
+  // 512-key one no (513).
+  EXPECT_EQ(plan_of(1024, 1024, true).kernel.shape, KernelShape::prefill_small_tiles);
+  EXPECT_EQ(plan_of(1024, 1024, false).kernel.shape, KernelShape::prefill);
+  EXPECT_EQ(plan_of(1026, 1026, true).kernel.shape, KernelShape::prefill);
+  EXPECT_EQ(plan_of(512, 8192, true).kernel.shape, KernelShape::prefill);
+  EXPECT_EQ(plan_of(512, 8192, true, 255).kernel.shape, KernelShape::prefill_small_tiles);
+  EXPECT_EQ(plan_of(512, 8192, true, 512).kernel.shape, KernelShape::prefill);
+  const ScopedEnv off("KVFLASH_SM90_SMALL_TILES", "0");
+  EXPECT_EQ(plan_of(512, 512, false).kernel.shape, KernelShape::prefill);
 }
 
 // A padded batch of prompts (no cu_seqlens_q) has all its query tiles: 32 prompts of 512 at d 256

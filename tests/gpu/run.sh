@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU test runner, one call on a GPU machine: build (all instantiations, sm_80 + sm_90a),
 # resource usage of the kernels, >= 1000 random differential cases against the oracle (the sm90
-# family's draws on its default, persistent and small-tile kernels, 300 MLA ones on the portable
-# kernels, 300 on the sm90_mla kernel, its bench rows, 300 fp8 ones),
+# family's draws on its default kernels (small tiles for short prompts), the persistent one and the
+# 128-row tiles alone, 300 MLA ones on the portable kernels, 300 on the sm90_mla kernel, its bench
+# rows, 300 fp8 ones),
 # compute-sanitizer memcheck, racecheck, initcheck and synccheck over a subset (memcheck also over
 # issue 18's malformed-call table), bitwise determinism and batch invariance, the same cases from
 # several threads on their own streams, the CUDA-graph
@@ -59,12 +60,14 @@ step random random.log "$RUNNER" random "$CASES" 1
 # The Hopper prefill family (sm_90 only): random prefill-shaped calls it takes, then its rungs timed;
 # the same prefill shapes on the portable kernels (KVFLASH_SM90=0), which sm_90 no longer picks.
 step sm90 sm90.log env KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random "${SM90_CASES:-1000}" 1 sm90
-# The same draws on the persistent rung (opt-in KVFLASH_SM90_PERSISTENT=1: slower than rung 3 so far).
-step sm90persistent sm90persistent.log env KVFLASH_SM90_PERSISTENT=1 KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random \
-  "${SM90_PERSISTENT_CASES:-300}" 1 sm90
-# The same draws on the small-tile kernel (KVFLASH_SM90_SMALL_TILES=1 plans short prompts on rung 6).
-step sm90small sm90small.log env KVFLASH_SM90_SMALL_TILES=1 KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random \
-  "${SM90_SMALL_CASES:-300}" 1 sm90
+# The same draws on the persistent rung (opt-in KVFLASH_SM90_PERSISTENT=1: slower than rung 3 so far;
+# the small-tile kernel off, or it would take the short prompts).
+step sm90persistent sm90persistent.log env KVFLASH_SM90_PERSISTENT=1 KVFLASH_SM90_SMALL_TILES=0 KVFLASH_RUNNER_TRACE=1 \
+  timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random "${SM90_PERSISTENT_CASES:-300}" 1 sm90
+# The same draws with the small-tile kernel off (KVFLASH_SM90_SMALL_TILES=0): rung 3 takes the short
+# prompts that step sm90 plans on rung 6.
+step sm90bigtiles sm90bigtiles.log env KVFLASH_SM90_SMALL_TILES=0 KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" \
+  "$RUNNER" random "${SM90_BIG_TILES_CASES:-300}" 1 sm90
 step sm80prefill sm80prefill.log env KVFLASH_SM90=0 "$RUNNER" random "${SM80_PREFILL_CASES:-300}" 20001 prefill
 # MLA (d 64 / d_v 512, qv, only_qv, 1 KV head, 16 or 128 query heads), which a plain draw rarely makes.
 step mla mla.log env KVFLASH_SM90_MLA=0 "$RUNNER" random "${MLA_CASES:-300}" 1 mla
@@ -87,8 +90,9 @@ sanitize() {  # sanitize TOOL CASES FIRST_SEED
   $t "$RUNNER" random "$2" "$3" && $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 100 ))" split &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 200 ))" prefill &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 300 ))" sm90 &&
-    env KVFLASH_SM90_PERSISTENT=1 $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 700 ))" sm90 &&
-    env KVFLASH_SM90_SMALL_TILES=1 $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 800 ))" sm90 &&
+    env KVFLASH_SM90_PERSISTENT=1 KVFLASH_SM90_SMALL_TILES=0 \
+      $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 700 ))" sm90 &&
+    env KVFLASH_SM90_SMALL_TILES=0 $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 800 ))" sm90 &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 400 ))" mla &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 500 ))" sm90mla &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 600 ))" fp8 && $t "$RUNNER" sm90bench small && $t "$RUNNER" graph
@@ -124,9 +128,9 @@ step floors floors.log floors
 echo
 echo "=== summary ($(head -1 "$OUT/resources.txt")) ==="
 printf '%-10s %s\n' step result
-for s in build random sm90 sm90persistent sm90small sm80prefill mla sm90mla mlabench fp8 sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
+for s in build random sm90 sm90persistent sm90bigtiles sm80prefill mla sm90mla mlabench fp8 sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
 grep -h "^random:" "$OUT/random.log" || true
-grep -h "^random sm90" "$OUT/sm90.log" "$OUT/sm90persistent.log" "$OUT/sm90small.log" || true
+grep -h "^random sm90" "$OUT/sm90.log" "$OUT/sm90persistent.log" "$OUT/sm90bigtiles.log" || true
 grep -h "^random prefill" "$OUT/sm80prefill.log" || true
 grep -h "^random mla" "$OUT/mla.log" || true
 grep -h "^random sm90mla" "$OUT/sm90mla.log" || true

@@ -13,7 +13,7 @@
 namespace kvflash::cuda {
 
 // Not launched to overlap the previous kernel: a prefill grid is many CTAs (see sm80/launch.cuh).
-// The Plan's small-tile shape runs rung 6 (core::sm90_small_tiles, opt-in). KVFLASH_SM90_PERSISTENT=1
+// The Plan's small-tile shape runs rung 6 (core::sm90_small_tiles). KVFLASH_SM90_PERSISTENT=1
 // runs the persistent rung instead of rung 3 (prefill.h; opt-in: correct on the H200 but slower than
 // rung 3 on six of eight shapes, BENCHMARKS.md session 11; the same 128-row tile as rung 3).
 template <class Elem, int kHeadDim, int kHeadDimV>

@@ -21,7 +21,7 @@ constexpr int prefill_block_n(int headdim) { return core::sm90_block_n(headdim);
 // (one CTA per SM walks the tiles; session 11 on the H200: correct, slower than 3 on six of eight
 // shapes, up to 20 % at d 256 causal); 6: two CTAs per SM, each one overlapping group over 64 x 64
 // tiles (head dim <= 128; rung 3 above), for short sequences, where rung 3's one CTA per SM
-// leaves its prologue and epilogue exposed (planned for short prompts with KVFLASH_SM90_SMALL_TILES=1).
+// leaves its prologue and epilogue exposed (planned for short key loops: core::sm90_small_tiles).
 // Rung 3 runs: rung 4 is 2 % faster at d 128 and slower at d 64 / 256 (BENCHMARKS.md, session 5),
 // and compute-sanitizer's racecheck reports epilogue hazards in rung 4 only (a tool that counts
 // the turn barriers' bar.arrive as no barrier would see the groups one barrier apart there).
