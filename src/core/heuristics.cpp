@@ -316,7 +316,11 @@ void check_key_ranges(const PlanKey& k) {
 
 }  // namespace
 
-Plan static_plan(const PlanKey& key) { return static_plan(key, family_of(key)); }
+// The ranges first: the family rule reads the mask, whose normalisation assumes them.
+Plan static_plan(const PlanKey& key) {
+  check_key_ranges(key);
+  return static_plan(key, family_of(key));
+}
 
 Plan static_plan(const PlanKey& key, KernelFamily family) {
   check_key_ranges(key);
