@@ -316,17 +316,14 @@ void check_key_ranges(const PlanKey& k) {
 
 }  // namespace
 
-// The ranges first: the family rule reads the mask, whose normalisation assumes them.
-Plan static_plan(const PlanKey& key) {
-  check_key_ranges(key);
-  return static_plan(key, family_of(key));
-}
+namespace {
 
-Plan static_plan(const PlanKey& key, KernelFamily family) {
-  check_key_ranges(key);
+// The plan of a key whose ranges were checked (the family rule reads the mask, whose
+// normalisation assumes them), on `family` given the rule's inputs `in`.
+Plan checked_key_plan(const PlanKey& key, KernelFamily family, const FamilyInputs& in) {
   Plan plan;
   plan.key = key;
-  plan.kernel = family_kernel(family, family_inputs(key));
+  plan.kernel = family_kernel(family, in);
   const MaskShape mask = normalise_mask(key);
   plan.is_causal = mask.is_causal;
   plan.is_local = mask.is_local;
@@ -340,6 +337,19 @@ Plan static_plan(const PlanKey& key, KernelFamily family) {
   // The tile-count word FA3's persistent scheduler (sm90) and its split combine use.
   plan.has_semaphore = family == KernelFamily::sm90 || plan.num_splits > 1;
   return plan;
+}
+
+}  // namespace
+
+Plan static_plan(const PlanKey& key) {
+  check_key_ranges(key);
+  const FamilyInputs in = family_inputs(key);
+  return checked_key_plan(key, kernel_family(in), in);
+}
+
+Plan static_plan(const PlanKey& key, KernelFamily family) {
+  check_key_ranges(key);
+  return checked_key_plan(key, family, family_inputs(key));
 }
 
 int num_m_blocks(const Plan& plan, int seqlen_q) {
