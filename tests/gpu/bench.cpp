@@ -5,8 +5,8 @@
 //   the same two over an fp8 e4m3 cache (bf16 query, descales 1; TB/s of the fp8 bytes read);
 //   prefill, one sequence of 16384 tokens, 16 heads, d 128, non-causal (TFLOP/s);
 //   MLA decode (issue 16), page 64, one KV head, q / k_cache d 64, qv / v_cache d 512: 16 query
-//   heads at batch 64 x 8192 (TB/s of cache read, memory bound) and 128 query heads at batch
-//   128 x 8192 (TFLOP/s, compute bound); the family that ran is printed with the plan
+//   heads at batch 64 x 8192 (TB/s of cache read, memory bound; also with page 1, SGLang's
+//   default) and 128 query heads at batch 128 x 8192 (TFLOP/s, compute bound); the family that ran is printed with the plan
 //   (sm90_mla on the H200; the portable kernels with KVFLASH_SM90_MLA=0).
 #include <cuda_runtime.h>
 
@@ -187,8 +187,8 @@ Result bench_prefill(int seqlen, bool causal) {
 }
 
 // MLA decode: one query token per sequence against `context` keys of 576 channels each.
-Result bench_mla(int batch, int heads, int context) {
-  constexpr int kRope = 64, kLatent = 512, kPage = 64;
+Result bench_mla(int batch, int heads, int context, int kPage = 64) {
+  constexpr int kRope = 64, kLatent = 512;
   const int pages_per_seq = context / kPage;
   const int num_pages = batch * pages_per_seq;
   void* k_cache = random_bf16(size_t(num_pages) * kPage * kRope);
@@ -216,7 +216,7 @@ Result bench_mla(int batch, int heads, int context) {
   const double ms = time_calls(calls, o, 20);
   if (heads <= 16) {
     const double bytes = double(batch) * context * (kRope + kLatent) * 2;
-    return {"mla h16 b64 x 8192 (TB/s)", ms, bytes / (ms * 1e-3) / 1e12, "TB/s"};
+    return {kPage == 1 ? "mla h16 b64 x 8192 p1" : "mla h16 b64 x 8192 (TB/s)", ms, bytes / (ms * 1e-3) / 1e12, "TB/s"};
   }
   const double flops = 2.0 * batch * heads * double(context) * (kRope + 2 * kLatent);  // q.k + qv.v, P V
   return {"mla h128 b128 x 8192", ms, flops / (ms * 1e-3) / 1e12, "TFLOP/s"};
@@ -226,7 +226,7 @@ Result bench_mla(int batch, int heads, int context) {
 
 int run_bench(const std::string& only) {
   std::vector<Result> results;
-  // A case by name, or "mla" for both MLA rows.
+  // A case by name, or "mla" for the MLA rows.
   auto wanted = [&](const char* name) {
     return only.empty() || only == name || (only == "mla" && std::string(name).rfind("mla", 0) == 0);
   };
@@ -238,6 +238,7 @@ int run_bench(const std::string& only) {
     if (wanted("prefill")) results.push_back(bench_prefill(16384, false));
     if (wanted("prefill_causal")) results.push_back(bench_prefill(16384, true));
     if (wanted("mla16")) results.push_back(bench_mla(64, 16, 8192));
+    if (wanted("mla16p1")) results.push_back(bench_mla(64, 16, 8192, 1));
     if (wanted("mla128")) results.push_back(bench_mla(128, 128, 8192));
   } catch (const Error& e) {
     std::printf("bench: the call threw: %s\n", e.what());

@@ -21,8 +21,8 @@
 //   kvflash_gpu_runner graph                          capture a decode step, replay with new lengths
 //   kvflash_gpu_runner combine                        kvflash::combine on the GPU vs the CPU
 //   kvflash_gpu_runner bench [case]                   the issue's speed floors (decode64, decode1,
-//                                                     prefill, prefill_causal, mla16, mla128, or
-//                                                     mla for both; default all)
+//                                                     prefill, prefill_causal, mla16, mla16p1,
+//                                                     mla128, or mla for the three; default all)
 //   kvflash_gpu_runner badinput | bitwise [count] | streams [count]
 //                                                     issue 18 (reliability_test.cpp)
 //

@@ -145,6 +145,11 @@ def test_cli_dry_run_writes_everything(tmp_path, capsys):
     assert "decode.png" in files
 
 
+def test_peers_list_keeps_kvflash():
+    names = [s.name for s in cli.select_systems(cli.parse_args(["--device", "cpu", "--peers", "sdpa-math"]))]
+    assert names == ["kvflash", "sdpa-math"]
+
+
 def test_cli_list_and_bad_peer(capsys):
     assert cli.main(["--list", "--quick"]) == 0
     assert "cases" in capsys.readouterr().out
