@@ -11,6 +11,8 @@
 # issue 3's speed floors measured by `kvflash bench`, then a summary table. Logs go to $OUT (or
 # ./gpu-logs).
 # SKIP="memcheck racecheck" leaves the named steps out (to split the runner over two device calls).
+# With `.prebuilt` carried (scripts/prebuild_gpu.sh, run on the dev machine from this same tree)
+# the build step unpacks its programs instead of compiling, and the resource step has no objects.
 #   CASES=1000 FP8_CASES=300 MEMCHECK_CASES=40 RACECHECK_CASES=12 INITCHECK_CASES=12 SYNCCHECK_CASES=12 JOBS=16 tests/gpu/run.sh
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
@@ -37,8 +39,20 @@ step() {  # step NAME LOG COMMAND...: runs, records PASS/FAIL, keeps the log
 cmake_extra=()
 [ -d .cutlass/include ] && cmake_extra=(-DKVFLASH_CUTLASS_INCLUDE="$PWD/.cutlass/include")
 [ -d .deps ] && cmake_extra+=(-DCMAKE_PREFIX_PATH="$PWD/.deps")  # CLI11, nlohmann_json (scripts/device_deps.sh)
-step build build.log bash -c "cmake -S . -B $BUILD -G Ninja -DKVFLASH_CUDA=ON -DKVFLASH_TESTS=OFF -DKVFLASH_TOOLS=ON \
-  -DKVFLASH_GPU_TESTS=ON ${cmake_extra[*]} && ninja -C $BUILD -j$JOBS kvflash_gpu_runner kvflash_cli"
+# The runner and the program prebuilt from this very tree (scripts/prebuild_gpu.sh, carried as
+# .prebuilt) replace the build; otherwise (none, or built from other sources) they are built here.
+if [ -f .prebuilt/SOURCE ] && [ "$(cat .prebuilt/SOURCE)" = "$(bash scripts/prebuild_gpu.sh --source-hash)" ]; then
+  mkdir -p "$BUILD"
+  for program in kvflash_gpu_runner kvflash; do
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+      ".prebuilt/$program.xz" "$BUILD/$program" && chmod +x "$BUILD/$program"  # xz may be missing there
+  done
+  status[build]="prebuilt ($(cat .prebuilt/SOURCE))"
+else
+  [ -f .prebuilt/SOURCE ] && echo ".prebuilt/ is from other sources: building"
+  step build build.log bash -c "cmake -S . -B $BUILD -G Ninja -DKVFLASH_CUDA=ON -DKVFLASH_TESTS=OFF -DKVFLASH_TOOLS=ON \
+    -DKVFLASH_GPU_TESTS=ON ${cmake_extra[*]} && ninja -C $BUILD -j$JOBS kvflash_gpu_runner kvflash_cli"
+fi
 RUNNER=$BUILD/kvflash_gpu_runner
 if [ ! -x "$RUNNER" ]; then
   echo "build failed"; tail -n 40 "$OUT/build.log"; exit 1
