@@ -6,8 +6,9 @@
 //   prefill, one sequence of 16384 tokens, 16 heads, d 128, non-causal (TFLOP/s);
 //   MLA decode (issue 16), page 64, one KV head, q / k_cache d 64, qv / v_cache d 512: 16 query
 //   heads at batch 64 x 8192 (TB/s of cache read, memory bound; also with page 1, SGLang's
-//   default) and 128 query heads at batch 128 x 8192 (TFLOP/s, compute bound); the family that ran is printed with the plan
-//   (sm90_mla on the H200; the portable kernels with KVFLASH_SM90_MLA=0).
+//   default) and 128 query heads at batch 128 x 8192 (TFLOP/s, compute bound); the family that
+//   ran is printed with the plan (sm90_mla on the H200; the portable kernels with
+//   KVFLASH_SM90_MLA=0).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -216,7 +217,8 @@ Result bench_mla(int batch, int heads, int context, int kPage = 64) {
   const double ms = time_calls(calls, o, 20);
   if (heads <= 16) {
     const double bytes = double(batch) * context * (kRope + kLatent) * 2;
-    return {kPage == 1 ? "mla h16 b64 x 8192 p1" : "mla h16 b64 x 8192 (TB/s)", ms, bytes / (ms * 1e-3) / 1e12, "TB/s"};
+    const char* name = kPage == 1 ? "mla h16 b64 x 8192 p1" : "mla h16 b64 x 8192 (TB/s)";
+    return {name, ms, bytes / (ms * 1e-3) / 1e12, "TB/s"};
   }
   const double flops = 2.0 * batch * heads * double(context) * (kRope + 2 * kLatent);  // q.k + qv.v, P V
   return {"mla h128 b128 x 8192", ms, flops / (ms * 1e-3) / 1e12, "TFLOP/s"};
