@@ -188,12 +188,12 @@ Result bench_prefill(int seqlen, bool causal) {
 }
 
 // MLA decode: one query token per sequence against `context` keys of 576 channels each.
-Result bench_mla(int batch, int heads, int context, int kPage = 64) {
+Result bench_mla(int batch, int heads, int context, int page_size = 64) {
   constexpr int kRope = 64, kLatent = 512;
-  const int pages_per_seq = context / kPage;
+  const int pages_per_seq = context / page_size;
   const int num_pages = batch * pages_per_seq;
-  void* k_cache = random_bf16(size_t(num_pages) * kPage * kRope);
-  void* v_cache = random_bf16(size_t(num_pages) * kPage * kLatent);
+  void* k_cache = random_bf16(size_t(num_pages) * page_size * kRope);
+  void* v_cache = random_bf16(size_t(num_pages) * page_size * kLatent);
   void* q = random_bf16(size_t(batch) * heads * kRope);
   void* qv = random_bf16(size_t(batch) * heads * kLatent);
   void* out = random_bf16(size_t(batch) * heads * kLatent);
@@ -205,8 +205,8 @@ Result bench_mla(int batch, int heads, int context, int kPage = 64) {
   KvCacheArgs a;
   a.q = cuda_view(q, DType::bf16, {batch, 1, heads, kRope});
   a.qv = cuda_view(qv, DType::bf16, {batch, 1, heads, kLatent});
-  a.k_cache = cuda_view(k_cache, DType::bf16, {num_pages, kPage, 1, kRope});
-  a.v_cache = cuda_view(v_cache, DType::bf16, {num_pages, kPage, 1, kLatent});
+  a.k_cache = cuda_view(k_cache, DType::bf16, {num_pages, page_size, 1, kRope});
+  a.v_cache = cuda_view(v_cache, DType::bf16, {num_pages, page_size, 1, kLatent});
   a.page_table = cuda_view(device_ints(pages), DType::i32, {batch, pages_per_seq});
   a.cache_seqlens = cuda_view(device_ints(std::vector<int32_t>(size_t(batch), context)), DType::i32, {batch});
   a.causal = true;
@@ -217,7 +217,7 @@ Result bench_mla(int batch, int heads, int context, int kPage = 64) {
   const double ms = time_calls(calls, o, 20);
   if (heads <= 16) {
     const double bytes = double(batch) * context * (kRope + kLatent) * 2;
-    const char* name = kPage == 1 ? "mla h16 b64 x 8192 p1" : "mla h16 b64 x 8192 (TB/s)";
+    const char* name = page_size == 1 ? "mla h16 b64 x 8192 p1" : "mla h16 b64 x 8192 (TB/s)";
     return {name, ms, bytes / (ms * 1e-3) / 1e12, "TB/s"};
   }
   const double flops = 2.0 * batch * heads * double(context) * (kRope + 2 * kLatent);  // q.k + qv.v, P V
