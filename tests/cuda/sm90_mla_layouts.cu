@@ -2,7 +2,8 @@
 // checked on the host (CuTe layouts are host code too), so a build without a GPU sees them break:
 //  - V, and V^T as the P V GEMM's B operand, are the first 512 columns of a 576-wide key stage;
 //  - the loader's 16-byte chunks (row, 8 c .. 8 c + 7) tile a stage exactly once, each contiguous
-//    in the 128-byte swizzle;
+//    in the 128-byte swizzle, at MlaTraits::chunk_offset(row, c), and a loading thread's copy
+//    (i, j) sits chunk_offset(i * kRowsPerPass, j * 8) past its first (copy_tile's constant steps);
 //  - thread t of group 0 (S, its O half) and thread t + 128 of group 1 (the other O half) hold
 //    the same rows, so group 0's P and row rescale fit group 1's fragments as they are.
 // Exit status 0 = every check held.
@@ -37,12 +38,21 @@ int chunks_tile_a_stage() {
     for (int chunk = 0; chunk < T::kChunks; ++chunk) {
       const T::E* at = &s(row, chunk * 8);
       const long offset = at - tile;
-      bad += offset % 8 != 0;
+      bad += offset % 8 != 0 || offset != T::chunk_offset(row, chunk);
       ++seen[offset / 8];
       for (int e = 1; e < 8; ++e) bad += &s(row, chunk * 8 + e) != at + e;
     }
   }
   for (int n : seen) bad += n != 1;
+  for (int t = 0; t < T::kGroupThreads; ++t) {
+    const int row = t / T::kThreadsPerRow, chunk = t % T::kThreadsPerRow;
+    for (int i = 0; i < T::kPasses; ++i) {
+      for (int j = 0; j < T::kChunks / T::kThreadsPerRow; ++j) {
+        bad += T::chunk_offset(row + i * T::kRowsPerPass, chunk + j * T::kThreadsPerRow) !=
+               T::chunk_offset(row, chunk) + T::chunk_offset(i * T::kRowsPerPass, j * T::kThreadsPerRow);
+      }
+    }
+  }
   bad += &s(1, 0) - tile == typename T::SmemLayoutRows{}(1, 0);  // the swizzle moves row 1's first chunk
   return bad;
 }

@@ -31,6 +31,9 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
+// Zeros as wide as the widest row a kernel copies (d_v 512, 16-bit): rows a copy loop does not
+// read point here, so their copies fill zeros with no per-row predicate.
+static __device__ __align__(128) uint4 kZeroRow[64] = {};
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

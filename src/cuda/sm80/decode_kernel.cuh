@@ -117,8 +117,6 @@ struct alignas(16) RowSources {
   const unsigned char* k;
   const unsigned char* v;
 };
-// Zeros as wide as the widest row a decode kernel copies (d_v 512, 16-bit).
-static __device__ __align__(128) uint4 kZeroRow[64] = {};
 
 // The fp8 ring's chunk c of row r sits at chunk c ^ raw_swizzle(r) of its row, so the 8 rows one
 // ldmatrix phase reads at one chunk fall in 8 different 16-byte bank groups (rows of 4 chunks

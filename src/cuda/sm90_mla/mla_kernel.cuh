@@ -72,6 +72,15 @@ struct MlaTraits {
   static constexpr int kRowsPerPass = kGroupThreads / kThreadsPerRow;
   static constexpr int kPasses = kBlockN / kRowsPerPass;
   static_assert(kChunks % kThreadsPerRow == 0, "whole chunks per thread");
+  // Element offset of row `row`'s 16-byte chunk `chunk` in a stage (SmemLayoutRows; checked
+  // against CuTe by tests/cuda/sm90_mla_layouts.cu): 8-row x 64-column swizzle atoms stacked down
+  // the rows first, and in an atom chunk c of row r at c ^ r (the 128-byte swizzle).
+  static constexpr int chunk_offset(int row, int chunk) {
+    return (row / 8 + kBlockN / 8 * (chunk / 8)) * 512 + (row % 8) * 64 + ((chunk % 8) ^ (row % 8)) * 8;
+  }
+  // A thread's rows step by whole atoms (16 rows) and its chunks by whole atom columns, so its
+  // swizzle phase never changes: copy (i, j) is chunk_offset(i * kRowsPerPass, j * 8) past its first.
+  static_assert(kThreadsPerRow == 8 && kRowsPerPass % 8 == 0, "a thread's chunks keep one swizzle phase");
 
   // What group 0 hands to group 1 per block: each thread's P (kPValues 16-bit values) and its
   // rows' rescale; thread t of group 1 holds the same rows as thread t of group 0.
@@ -115,32 +124,47 @@ __device__ __forceinline__ Frag at_stage(Frag frag, int stage) {
   return frag;
 }
 
-// Where this thread's rows of a tile come from: pass i's row, latent and rope channels (nullptr:
-// zeros).
+// Where this thread's rows of a tile come from: pass i's row, latent and rope channels (kZeroRow
+// for rows not read and for the rope channels of only_qv).
 template <class Elem, int kPasses>
 struct RowSources {
   const Elem* latent[kPasses];
   const Elem* rope[kPasses];
 };
 
+template <class Elem>
+__device__ __forceinline__ const Elem* zero_row() {
+  static_assert(sizeof(kZeroRow) >= 512 * sizeof(Elem), "the zero row covers a latent row");
+  return reinterpret_cast<const Elem*>(kZeroRow);
+}
+
 // Copies this thread's (t of the loading group) chunks of a 64 x 576 tile: rows t / 8 + 16 i,
-// chunks t % 8 + 8 j; latent_dim / rope_dim real channels (the rest zero-filled).
-template <class T>
+// chunks t % 8 + 8 j. kWholeRows (latent_dim 512, rope_dim 64 or 0): every chunk is copied, from
+// its row's pointer plus a constant to the thread's first destination plus a constant, one
+// instruction per copy (ncu on the H100: CuTe's swizzle of each runtime coordinate cost ~27
+// instructions per copy, and the loading group's issue bound the memory-bound rows). Otherwise
+// chunks past latent_dim / rope_dim are zero-filled (their source: any_address).
+template <class T, bool kWholeRows>
 __device__ __forceinline__ void copy_tile(typename T::E* tile, int t,
                                           const RowSources<typename T::Elem, T::kPasses>& src, int latent_dim,
                                           int rope_dim, const void* any_address) {
-  Tensor s = make_tensor(make_smem_ptr(tile), typename T::SmemLayoutRows{});
+  const int row = t / T::kThreadsPerRow, first_chunk = t % T::kThreadsPerRow;
+  const uint32_t dst = smem_addr(tile + T::chunk_offset(row, first_chunk));
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < T::kPasses; ++i) {
-    const int row = t / T::kThreadsPerRow + i * T::kRowsPerPass;
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < T::kChunks / T::kThreadsPerRow; ++j) {
-      const int chunk = t % T::kThreadsPerRow + j * T::kThreadsPerRow;
-      const bool latent = chunk < T::kLatentChunks;
-      const int ch = (latent ? chunk : chunk - T::kLatentChunks) * 8;
-      const typename T::Elem* from = latent ? src.latent[i] : src.rope[i];
-      const bool ok = from != nullptr && ch < (latent ? latent_dim : rope_dim);
-      cp_async_16(smem_addr(&s(row, chunk * 8)), ok ? from + ch : any_address, ok);
+      constexpr int kElemBytes = int(sizeof(typename T::E));
+      const uint32_t to = dst + T::chunk_offset(i * T::kRowsPerPass, j * T::kThreadsPerRow) * kElemBytes;
+      const bool latent = j < T::kLatentChunks / T::kThreadsPerRow;
+      const int ch = (latent ? j * T::kThreadsPerRow : j * T::kThreadsPerRow - T::kLatentChunks) * 8 + first_chunk * 8;
+      const typename T::Elem* from = (latent ? src.latent[i] : src.rope[i]) + ch;
+      if constexpr (kWholeRows) {
+        cp_async_16(to, from, true);
+      } else {
+        const bool ok = ch < (latent ? latent_dim : rope_dim);
+        cp_async_16(to, ok ? from : any_address, ok);
+      }
     }
   }
 }
@@ -156,8 +180,8 @@ __device__ __forceinline__ RowSources<typename T::Elem, T::kPasses> query_source
   for (int i = 0; i < T::kPasses; ++i) {
     const int idx = row0 + t / T::kThreadsPerRow + i * T::kRowsPerPass;
     const bool real = idx < start.packed_rows;
-    src.latent[i] = real ? packed_row<Elem>(p.qv, p, start.col, hk, idx) : nullptr;
-    src.rope[i] = real && p.headdim > 0 ? packed_row<Elem>(p.q, p, start.col, hk, idx) : nullptr;
+    src.latent[i] = real ? packed_row<Elem>(p.qv, p, start.col, hk, idx) : zero_row<Elem>();
+    src.rope[i] = real && p.headdim > 0 ? packed_row<Elem>(p.q, p, start.col, hk, idx) : zero_row<Elem>();
   }
   return src;
 }
@@ -181,10 +205,10 @@ __device__ __forceinline__ RowSources<typename T::Elem, T::kPasses> key_sources(
                     cache_location(c, seq.cache_row, seq.leftpad + key, unit, slot);
     src.latent[i] = ok ? static_cast<const Elem*>(c.v) + unit * c.v_row_stride + int64_t(slot) * c.v_pos_stride +
                              hk * c.v_head_stride
-                       : nullptr;
+                       : zero_row<Elem>();
     src.rope[i] = ok && p.headdim > 0 ? static_cast<const Elem*>(c.k) + unit * c.k_row_stride +
                                             int64_t(slot) * c.k_pos_stride + hk * c.k_head_stride
-                                      : nullptr;
+                                      : zero_row<Elem>();
   }
   return src;
 }
@@ -252,10 +276,15 @@ __device__ __forceinline__ void load_group(const AttentionParams& p, typename T:
   const auto s_layout = partition_fragment_C(mma_s, select<0, 1>(typename T::TileS{})).layout();
   const int latent_dim = p.headdim_v, rope_dim = p.headdim;
   const void* any_address = p.qv.data;
+  const bool whole_rows = latent_dim == T::kLatent && (rope_dim == T::kRope || rope_dim == 0);
+  auto copy = [&](E* tile, const RowSources<typename T::Elem, T::kPasses>& src) {
+    if (whole_rows) copy_tile<T, true>(tile, t, src, latent_dim, rope_dim, any_address);
+    else copy_tile<T, false>(tile, t, src, latent_dim, rope_dim, any_address);
+  };
 
   if (n_last >= n_first) {
-    copy_tile<T>(ss.q.data(), t, query_sources<T>(p, start, hk, row0, t), latent_dim, rope_dim, any_address);
-    copy_tile<T>(ss.k.data(), t, key_sources<T>(p, start, hk, n_last, t), latent_dim, rope_dim, any_address);
+    copy(ss.q.data(), query_sources<T>(p, start, hk, row0, t));
+    copy(ss.k.data(), key_sources<T>(p, start, hk, n_last, t));
     cp_async_commit();
   }
   // The next block's row sources are looked up a block ahead: page-table reads off the critical path.
@@ -266,7 +295,7 @@ __device__ __forceinline__ void load_group(const AttentionParams& p, typename T:
     cutlass::arch::fence_view_async_shared();  // cp.async's writes, then wgmma's reads
     sync_groups<T>(kMlaBlockReady);  // block n is in `stage`; `stage ^ 1` is free
     if (n > n_first) {
-      copy_tile<T>(ss.k.data() + (stage ^ 1) * T::kTileElems, t, next, latent_dim, rope_dim, any_address);
+      copy(ss.k.data() + (stage ^ 1) * T::kTileElems, next);
       cp_async_commit();
       next = key_sources<T>(p, start, hk, n - 2, t);
     }
