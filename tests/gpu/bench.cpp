@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -210,6 +211,8 @@ Result bench_mla(int batch, int heads, int context, int page_size = 64) {
   a.page_table = cuda_view(device_ints(pages), DType::i32, {batch, pages_per_seq});
   a.cache_seqlens = cuda_view(device_ints(std::vector<int32_t>(size_t(batch), context)), DType::i32, {batch});
   a.causal = true;
+  // KVFLASH_BENCH_NUM_SPLITS=N: the call's num_splits (an upper bound; default the planner's).
+  if (const char* splits = std::getenv("KVFLASH_BENCH_NUM_SPLITS")) a.num_splits = std::atoi(splits);
   std::vector<KvCacheArgs> calls{a};
   Outputs o;
   o.out = cuda_view(out, DType::bf16, {batch, 1, heads, kLatent});
