@@ -19,7 +19,9 @@
 //    1.119; session 13);
 //  - else w = 1 always qualifies, w = 2..kPortableMaxWaves only when their splits keep at least
 //    kPortableMinMultiWaveBlocks key blocks (a partial last wave only costs much when CTAs are
-//    long); the qualifying w whose CTAs fill their last wave best wins, the fewest waves on a tie.
+//    long); the qualifying w whose CTAs fill their last wave best wins, the fewest waves on a tie;
+//  - with one CTA slot per SM (the sm90_mla kernel), a w whose CTAs spill past w waves is first
+//    refitted: its blocks per split scaled up by the overflow, kept where the CTAs then fit.
 // Example (H200, 132 SMs, 8 KV heads, 8192 keys in 64-key blocks): batch 1 gets 43 splits (344
 // CTAs, one wave of 396 slots); batch 64 gets 3 splits each (1536 CTAs, 3.9 waves) instead of
 // 1 (512 CTAs: 1.3 waves, the last 116 CTAs alone on their SMs); batch 32 (256 CTAs: two per
@@ -95,12 +97,29 @@ KVFLASH_HD int64_t portable_choose_blocks(int64_t total, int64_t slots, CtasFor 
   const bool resident = unsplit * ctas_per_sm >= slots && unsplit <= slots;
   const bool fills_or_short = 4 * unsplit >= 3 * slots || total <= kPortableShortBlocks * unsplit;
   if (resident && fills_or_short) return kPortableNoSplitBlocks;
+  // A family of one CTA per SM: a candidate whose CTAs spill past its waves leaves most SMs idle
+  // for a whole CTA; the blocks scaled up by the overflow (fewer splits) take its place when
+  // their CTAs fit. (H200, sm90_mla, 16 heads, b64 x 8192: 3 splits, 192 CTAs on 132 SMs,
+  // 269 us; 2 splits, 128 CTAs, 216 us.)
+  auto fitted = [&](int64_t blocks, int64_t& ctas, int waves) {
+    const int64_t room = waves * slots;
+    if (ctas_per_sm != 1 || ctas <= room || blocks >= (int64_t{1} << 40) || ctas >= (int64_t{1} << 22)) {
+      return blocks;
+    }
+    const int64_t wider = ceil_div(blocks * ctas, room);
+    const int64_t wider_ctas = ctas_for(wider);
+    if (wider_ctas > room) return blocks;
+    ctas = wider_ctas;
+    return wider;
+  };
   int64_t best_blocks = portable_blocks_per_split(total, 1, slots);
   int64_t best_ctas = ctas_for(best_blocks);
+  best_blocks = fitted(best_blocks, best_ctas, 1);
   for (int waves = 2; waves <= kPortableMaxWaves; ++waves) {
-    const int64_t blocks = portable_blocks_per_split(total, waves, slots);
+    int64_t blocks = portable_blocks_per_split(total, waves, slots);
     if (blocks < kPortableMinMultiWaveBlocks) continue;
-    const int64_t ctas = ctas_for(blocks);
+    int64_t ctas = ctas_for(blocks);
+    blocks = fitted(blocks, ctas, waves);
     if (portable_fills_better(ctas, best_ctas, slots)) {
       best_blocks = blocks;
       best_ctas = ctas;

@@ -314,8 +314,9 @@ TEST(KernelFamily, Sm90PersistentTilesCoverTheGridLongestFirst) {
 
 // The planner on an H200: SGLang's MLA decode (one KV head, 16 query heads, page 64) runs the
 // sm90_mla kernel (unless KVFLASH_SM90_MLA=0) at its 64 x 64 tile, packed; its splits count one
-// CTA per SM (b64 x 8192: 4 splits each, 256 CTAs on 132 SMs; the portable kernels count three per
-// SM with their 32-key blocks at d_v 512: 13 each).
+// CTA per SM (b64 x 8192: 2 splits each, 128 CTAs on 132 SMs, one wave: the one-wave candidate's
+// 3 splits, 192 CTAs, refitted; the portable kernels count three per SM with their 32-key blocks
+// at d_v 512: 13 each).
 TEST(KernelFamily, Sm90MlaPlansMlaDecode) {
   PlanKey raw;
   raw.batch = 64, raw.max_seqlen_q = 1, raw.max_seqlen_k = 8192, raw.page_size = 64;
@@ -339,7 +340,7 @@ TEST(KernelFamily, Sm90MlaPlansMlaDecode) {
   EXPECT_EQ(plan.block_m, 64);
   EXPECT_EQ(plan.block_n, 64);
   EXPECT_TRUE(plan.pack_gqa);
-  EXPECT_EQ(plan.num_splits_dynamic, std::vector<int32_t>(64, 4));
+  EXPECT_EQ(plan.num_splits_dynamic, std::vector<int32_t>(64, 2));
   EXPECT_EQ(cuda::rows_per_cta(plan), 64);
   // 132 sequences: one unsplit CTA per SM, one wave: no split.
   PlanKey full = raw;
