@@ -15,7 +15,10 @@
 //                                                     unless KVFLASH_SM90_MLA=0); fp8
 //                                                     keeps the cases over an fp8 e4m3 cache
 //                                                     (FA3's all-fp8 calls and 16-bit queries
-//                                                     over fp8), which a plain draw also makes
+//                                                     over fp8), which a plain draw also makes;
+//                                                     KVFLASH_RUNNER_SECONDS=N: no new case
+//                                                     after N seconds (the tally still prints,
+//                                                     where a caller's timeout would leave none)
 //   kvflash_gpu_runner sm90bench [small]              the sm90 family's rungs timed (sm90_bench.cpp;
 //                                                     small: once each on small shapes, untimed)
 //   kvflash_gpu_runner graph                          capture a decode step, replay with new lengths
@@ -38,6 +41,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <random>
 #include <string>
@@ -71,7 +75,19 @@ void download_outputs(const Outputs& host, const Outputs& dev) {
 struct Tally {
   int passed = 0, failed = 0, skipped = 0, split_cases = 0, paged = 0, appended = 0, checked = 0;
   int caller_partials = 0, device_metadata = 0;
+  std::map<std::pair<int64_t, int64_t>, int> head_dims;  // (d, d_v) of the cases run
+  bool out_of_time = false;
 };
+
+// " d 64/64 x3, d 96/96 x5, ...": which head dims the run's cases had.
+std::string head_dims_text(const Tally& tally) {
+  std::string text;
+  for (const auto& [dims, n] : tally.head_dims) {
+    text += (text.empty() ? " d " : ", d ") + std::to_string(dims.first) + "/" + std::to_string(dims.second) +
+            " x" + std::to_string(n);
+  }
+  return text;
+}
 
 // Whether a case belongs to the subset `only` names ("" = every case); `dev` is its device call.
 bool in_subset(const std::string& only, const KvCacheArgs& a, const KvCacheArgs& dev, int splits) {
@@ -95,11 +111,18 @@ int run_random(int count, uint64_t first_seed, const std::string& only) {
   // The sm90 subset draws prefill shapes: head dims the family compiles, >= 64 query rows.
   // KVFLASH_RUNNER_TRACE=1: each case is named on stderr before its call (to find a hang).
   const bool trace = std::getenv("KVFLASH_RUNNER_TRACE") != nullptr;
+  const char* seconds_env = std::getenv("KVFLASH_RUNNER_SECONDS");
+  const double max_seconds = seconds_env ? std::atof(seconds_env) : 0.0;
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   oracle::CaseLimits limits;
   if (only == "sm90") limits.headdims = {64, 128, 256}, limits.min_seqlen_q = 64, limits.max_seqlen_q = 512;
   if (only == "mla" || only == "sm90mla") limits.mla = true, limits.max_work *= 4;  // 128 heads x 1088 MACs per key
   if (only == "sm90mla") limits.max_seqlen_q = core::kSm90MlaMaxSeqlenQ;
   for (uint64_t seed = first_seed; tally.passed + tally.failed < count && seed < first_seed + 20 * count; ++seed) {
+    if (max_seconds > 0 && elapsed() > max_seconds) {
+      tally.out_of_time = true;
+      break;
+    }
     oracle::Case c = oracle::make_random_case(seed, limits);
     if (!cuda_supports(c.args)) {
       ++tally.skipped;
@@ -153,6 +176,7 @@ int run_random(int count, uint64_t first_seed, const std::string& only) {
     tally.paged += c.args.page_table.has_value();
     tally.appended += c.args.k.has_value();
     tally.checked += c.args.checked;
+    ++tally.head_dims[{c.args.k_cache ? c.args.k_cache->size(-1) : 0, c.args.v_cache->size(-1)}];
     if (cmp.ok) {
       ++tally.passed;
     } else {
@@ -161,13 +185,13 @@ int run_random(int count, uint64_t first_seed, const std::string& only) {
                   cmp.first_failure.c_str(), cmp.worst.c_str());
     }
   }
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("random%s%s: %d passed, %d failed, %d skipped (unsupported on CUDA or outside the subset); "
               "of the run: %d split-KV (%d with caller-provided partial buffers), %d paged, %d appending, "
-              "%d checked mode, %d given FA3 metadata in device memory; %.1f s\n",
+              "%d checked mode, %d given FA3 metadata in device memory;%s; %.1f s%s\n",
               only.empty() ? "" : " ", only.c_str(), tally.passed, tally.failed, tally.skipped,
               tally.split_cases, tally.caller_partials, tally.paged, tally.appended, tally.checked,
-              tally.device_metadata, secs);
+              tally.device_metadata, head_dims_text(tally).c_str(), elapsed(),
+              tally.out_of_time ? " (stopped at KVFLASH_RUNNER_SECONDS)" : "");
   return tally.failed == 0 && tally.passed > 0 ? 0 : 1;
 }
 
