@@ -79,11 +79,11 @@ struct Tally {
   bool out_of_time = false;
 };
 
-// " d 64/64 x3, d 96/96 x5, ...": which head dims the run's cases had.
+// "; d 64/64 x3, d 96/96 x5, ...": which head dims the run's cases had ("" for none).
 std::string head_dims_text(const Tally& tally) {
   std::string text;
   for (const auto& [dims, n] : tally.head_dims) {
-    text += (text.empty() ? " d " : ", d ") + std::to_string(dims.first) + "/" + std::to_string(dims.second) +
+    text += (text.empty() ? "; d " : ", d ") + std::to_string(dims.first) + "/" + std::to_string(dims.second) +
             " x" + std::to_string(n);
   }
   return text;
@@ -187,7 +187,7 @@ int run_random(int count, uint64_t first_seed, const std::string& only) {
   }
   std::printf("random%s%s: %d passed, %d failed, %d skipped (unsupported on CUDA or outside the subset); "
               "of the run: %d split-KV (%d with caller-provided partial buffers), %d paged, %d appending, "
-              "%d checked mode, %d given FA3 metadata in device memory;%s; %.1f s%s\n",
+              "%d checked mode, %d given FA3 metadata in device memory%s; %.1f s%s\n",
               only.empty() ? "" : " ", only.c_str(), tally.passed, tally.failed, tally.skipped,
               tally.split_cases, tally.caller_partials, tally.paged, tally.appended, tally.checked,
               tally.device_metadata, head_dims_text(tally).c_str(), elapsed(),
