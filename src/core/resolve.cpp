@@ -138,7 +138,9 @@ SeqInfo seq_info(const Problem& p, const HostIndices& h, int b) {
     }
   }
   s.seqlen_k = saturate(int64_t{s.seqlen_k_og} + s.seqlen_knew);
-  s.rotary_start = h.rotary_seqlens ? h.rotary_seqlens[b] : s.cache_seqlen;
+  // rotary_seqlens is read only when rotary is on: otherwise its (unbounded) entries would feed
+  // position arithmetic that is never used (rotary_start + t could overflow).
+  s.rotary_start = h.rotary_seqlens && p.rotary_dim > 0 ? h.rotary_seqlens[b] : s.cache_seqlen;
   s.cache_row = h.cache_batch_idx ? h.cache_batch_idx[b] : b;
   return s;
 }

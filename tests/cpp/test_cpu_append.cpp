@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -44,6 +45,35 @@ TEST(CpuAppend, DenseWithBatchIndexWritesExactlyTheNewRows) {
   flash_attn_with_kvcache(args, Outputs{out});
   EXPECT_EQ(k_cache.bytes(), k_expected.bytes());
   EXPECT_EQ(v_cache.bytes(), v_expected.bytes());
+}
+
+// Without rotary tables rotary_seqlens is ignored: entries as large as INT32_MAX (no position
+// arithmetic may overflow on them; UBSan reports it in scripts/sanitize.sh) append the same rows.
+TEST(CpuAppend, RotarySeqlensIgnoredWithoutRotary) {
+  const int b = 2, s_k = 8, h_k = 2, d = 16, s_new = 2;
+  HostTensor q(DType::bf16, {b, 1, 4, d}), k(DType::bf16, {b, s_new, h_k, d}), v(DType::bf16, {b, s_new, h_k, d});
+  q.fill_random(1);
+  k.fill_random(2);
+  v.fill_random(3);
+  HostTensor seqlens = int_tensor({3, 6}), rotary_seqlens(DType::i32, {b});
+  std::fill_n(rotary_seqlens.view().ptr<int32_t>(), b, std::numeric_limits<int32_t>::max());
+  std::vector<std::vector<unsigned char>> caches;
+  for (bool with_rotary_seqlens : {false, true}) {
+    HostTensor k_cache(DType::bf16, {b, s_k, h_k, d}), v_cache(DType::bf16, {b, s_k, h_k, d}), out(DType::bf16, {b, 1, 4, d});
+    k_cache.fill_random(4);
+    v_cache.fill_random(5);
+    KvCacheArgs args = cache_call(q, k_cache, v_cache, seqlens);
+    args.k = k;
+    args.v = v;
+    if (with_rotary_seqlens) args.rotary_seqlens = rotary_seqlens;
+    flash_attn_with_kvcache(args, Outputs{out});
+    caches.push_back(k_cache.bytes());
+    caches.push_back(v_cache.bytes());
+    caches.push_back(out.bytes());
+  }
+  EXPECT_EQ(caches[0], caches[3]);
+  EXPECT_EQ(caches[1], caches[4]);
+  EXPECT_EQ(caches[2], caches[5]);
 }
 
 // The same logical cache, paged (page size 3, shuffled pages) and dense: the appended rows land

@@ -53,7 +53,8 @@ LengthParams length_params(const core::Problem& p) {
   l.cu_seqlens_k_new = int_vec(a.cu_seqlens_k_new);
   l.seqlen_knew = p.knew_packed ? 0 : p.seqlen_knew;
   l.total_knew = p.has_knew ? int(p.knew_packed ? a.k->size(0) : int64_t(p.batch) * p.seqlen_knew) : 0;
-  l.rotary_seqlens = int_vec(a.rotary_seqlens);
+  // Read only when rotary is on (as core::seq_info): its entries are unbounded otherwise.
+  if (p.rotary_dim > 0) l.rotary_seqlens = int_vec(a.rotary_seqlens);
   return l;
 }
 
