@@ -25,12 +25,16 @@ constexpr int prefill_block_n(int headdim) { return core::sm90_block_n(headdim);
 // Rung 3 runs: rung 4 is 2 % faster at d 128 and slower at d 64 / 256 (BENCHMARKS.md, session 5),
 // and compute-sanitizer's racecheck reports epilogue hazards in rung 4 only (a tool that counts
 // the turn barriers' bar.arrive as no barrier would see the groups one barrier apart there).
-constexpr int kRungs = 6;
+constexpr int kRungs = 7;
 constexpr int kBestRung = 3;
 constexpr int kPingPongRung = 4;    // left out of the sanitizers' runs (racecheck, above)
 constexpr int kPersistentRung = 5;
 constexpr int kSmallTileRung = 6;  // core::sm90_small_tiles plans it
 constexpr int kSmallTileMaxHeadDim = core::kSm90SmallTileMaxHeadDim;
+// Rung 7: rung 3 with FA3's wider key blocks (176 keys at d <= 128, 80 at d 256: fewer softmax
+// passes per key), over dense caches; timed by sm90bench, not planned.
+constexpr int kWideRung = 7;
+constexpr int wide_block_n(int headdim) { return headdim <= 64 ? 128 : headdim <= 128 ? 176 : 80; }
 
 // Attention over `p` (one split; rows are query indices of one head, K / V head = query head /
 // kv_group) by rung `rung`'s kernel; a paged cache of pages smaller than a key block (8, 16, ...

@@ -46,6 +46,12 @@ void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaS
     case 2: return launch_prefill<PrefillTraits<Elem, kHeadDim, 128, kBlockN, 2, 2, false>>(p, kv_group, stream);
     case 3: return launch_prefill<RungTraits3<Elem, kHeadDim>>(p, kv_group, stream);
     case 4: return launch_prefill<PrefillTraits<Elem, kHeadDim, 128, kBlockN, 2, 2, true, true>>(p, kv_group, stream);
+    case kWideRung:  // dense caches only (a wide block spans pages); planned nowhere yet
+      if (!p.cache.paged) {
+        return launch_prefill<PrefillTraits<Elem, kHeadDim, 128, wide_block_n(kHeadDim), 2, 2, true>>(p, kv_group,
+                                                                                                      stream);
+      }
+      return launch_prefill<RungTraits3<Elem, kHeadDim>>(p, kv_group, stream);
     case kSmallTileRung:  // at d 256 (two CTAs do not fit): rung 3
       return launch_prefill<RungTraits3<Elem, kHeadDim>>(p, kv_group, stream);
     default:  // 5
