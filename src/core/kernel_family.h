@@ -68,13 +68,18 @@ KVFLASH_HD constexpr bool sm90_reads_pages(const FamilyInputs& in) {
          (in.sm90_small_pages && sm90_page_fits(in.page_size, in.headdim));
 }
 
-// The calls the sm90 family's kernels take: fp16 / bf16, d == d_v in {64, 128, 256}, no qv, at
-// least 64 query rows (shorter ones are the sm80 decode / prefill kernels' work), one split, a
-// cache layout sm90_reads_pages.
+// The head dims the sm90 family is compiled at (src/cuda/instantiations.def): FA3's, d == d_v in
+// {64, 96, 128, 192, 256} and (192, 128) (DeepSeek's prefill: rope + nope keys, 128-wide values).
+KVFLASH_HD constexpr bool sm90_head_dims(int d, int dv) {
+  return (d == dv && (d == 64 || d == 96 || d == 128 || d == 192 || d == 256)) || (d == 192 && dv == 128);
+}
+
+// The calls the sm90 family's kernels take: fp16 / bf16, sm90_head_dims exactly (other widths
+// are the portable kernels', which zero-pad), no qv, at least 64 query rows (shorter ones are the
+// sm80 decode / prefill kernels' work), one split, a cache layout sm90_reads_pages.
 KVFLASH_HD constexpr bool sm90_takes(const FamilyInputs& in) {
-  const int d = in.headdim;
-  return in.sixteen_bit && d == in.headdim_v && (d == 64 || d == 128 || d == 256) && !in.has_qv &&
-         in.max_seqlen_q >= 64 && in.one_split && sm90_reads_pages(in);
+  return in.sixteen_bit && sm90_head_dims(in.headdim, in.headdim_v) && !in.has_qv && in.max_seqlen_q >= 64 &&
+         in.one_split && sm90_reads_pages(in);
 }
 
 // The sm90 family's small-tile kernel (src/cuda/sm90/prefill.h, rung 6): 64 x 64 tiles, two CTAs

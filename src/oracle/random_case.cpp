@@ -4,6 +4,7 @@
 #include "random_case.h"
 
 #include <algorithm>
+#include <tuple>
 #include <cmath>
 #include <numeric>
 #include <sstream>
@@ -98,8 +99,8 @@ void draw_dims(Rng& rng, Config& c, const CaseLimits& limits) {
     c.k_cache_absent = c.only_qv && rng.chance(0.5);
     return;
   }
-  if (!limits.headdims.empty()) {
-    c.headdim = c.headdim_v = limits.headdims[rng.uniform(0, static_cast<int>(limits.headdims.size()) - 1)];
+  if (!limits.head_dims.empty()) {
+    std::tie(c.headdim, c.headdim_v) = limits.head_dims[rng.uniform(0, static_cast<int>(limits.head_dims.size()) - 1)];
     return;
   }
   const double r = rng.real();
@@ -306,7 +307,7 @@ void draw_attention(Rng& rng, Config& c) {
 bool draw_fp8_cache(uint64_t seed, DType dtype, const CaseLimits& limits) {
   const bool sixteen_bit = dtype == DType::f16 || dtype == DType::bf16;
   Rng own(seed ^ 0x5eed0f8ca5e5ull);
-  return sixteen_bit && limits.headdims.empty() && !limits.mla && own.chance(0.2);
+  return sixteen_bit && limits.head_dims.empty() && !limits.mla && own.chance(0.2);
 }
 
 // About one case in eight runs in batch-invariant mode (splits from each sequence's own lengths),
@@ -668,6 +669,14 @@ std::string summarize(const Config& c) {
 }
 
 }  // namespace
+
+CaseLimits sm90_prefill_limits() {
+  CaseLimits limits;
+  limits.head_dims = {{64, 64}, {96, 96}, {128, 128}, {192, 192}, {256, 256}, {192, 128}};
+  limits.min_seqlen_q = 64;
+  limits.max_seqlen_q = 512;
+  return limits;
+}
 
 Case make_random_case(uint64_t seed, const CaseLimits& limits) {
   Rng rng(seed);

@@ -8,6 +8,7 @@
 #include <list>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvflash/args.h"
@@ -29,9 +30,9 @@ struct CaseLimits {
   // Awkward shapes on every case: batch = max_batch, 63/7 heads, pages of 1 or 3, varlen q with an
   // empty query sequence and a sequence with no keys.
   bool awkward = false;
-  // Prefill-shaped draws (the GPU runner's sm90 mode): d = d_v from this list (empty: any), and
+  // Prefill-shaped draws (the GPU runner's sm90 mode): (d, d_v) from this list (empty: any), and
   // at least this many query rows per sequence (varlen: per non-empty sequence).
-  std::vector<int> headdims;
+  std::vector<std::pair<int, int>> head_dims;
   int min_seqlen_q = 1;
   // MLA draws (the GPU runner's mla subset), SGLang's FA3 shape: fp16 / bf16, d 64 (q, k_cache:
   // the rotary part) and d_v 512 (v_cache: the latent cache), mostly with qv (the absorbed
@@ -75,6 +76,10 @@ class Case {
   std::vector<unsigned char> k_cache_before_, v_cache_before_;
   const Buffer* buffer_of(const OptTensor& view) const;
 };
+
+// The GPU runner's sm90 draws: prompts of 64-512 query rows at the head dims the sm90 family is
+// compiled at (core/kernel_family.h sm90_head_dims).
+CaseLimits sm90_prefill_limits();
 
 Case make_random_case(uint64_t seed, const CaseLimits& limits = {});
 // The feature tags make_random_case(seed, limits) would have, without building its buffers.

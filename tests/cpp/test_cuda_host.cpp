@@ -83,8 +83,7 @@ void expect_planner_and_dispatcher_agree(const char* small_tiles) {
   std::set<std::tuple<int, int, int, int>> kernels;
   // The default draws, then prefill shapes (the sm90 family's head dims, >= 64 query rows), then
   // MLA draws (the GPU runner's mla subset).
-  oracle::CaseLimits prefill;
-  prefill.headdims = {64, 128, 256}, prefill.min_seqlen_q = 64, prefill.max_seqlen_q = 512;
+  const oracle::CaseLimits prefill = oracle::sm90_prefill_limits();
   oracle::CaseLimits mla;
   mla.mla = true;
   for (uint64_t seed = 1; seed <= 600; ++seed) {
@@ -230,10 +229,12 @@ TEST(KernelFamily, Sm90RuleRow) {
   in.one_split = true;
   EXPECT_EQ(core::kernel_family(in), KernelFamily::sm90);
   EXPECT_EQ(core::choose_kernel(in).shape, KernelShape::prefill);
-  for (int d : {64, 256}) {
+  for (auto [d, dv] : {std::pair{64, 64}, {96, 96}, {192, 192}, {256, 256}, {192, 128}}) {
     core::FamilyInputs other = in;
-    other.headdim = other.headdim_v = d;
-    EXPECT_EQ(core::kernel_family(other), KernelFamily::sm90) << d;
+    other.headdim = d, other.headdim_v = dv;
+    EXPECT_EQ(core::kernel_family(other), KernelFamily::sm90) << d << " x " << dv;
+    EXPECT_EQ(core::choose_kernel(other).headdim, d);
+    EXPECT_EQ(core::choose_kernel(other).headdim_v, dv);
     EXPECT_TRUE(in_table(core::choose_kernel(other), bf16) && in_table(core::choose_kernel(other), f16));
   }
   auto with = [&](auto change) {
@@ -245,8 +246,9 @@ TEST(KernelFamily, Sm90RuleRow) {
   EXPECT_EQ(with([](auto& c) { c.arch = 100; }), KernelFamily::sm80);  // sm_90a code only
   EXPECT_EQ(with([](auto& c) { c.arch = 89; }), KernelFamily::sm80);
   EXPECT_EQ(with([](auto& c) { c.sixteen_bit = false; }), KernelFamily::sm80);
-  EXPECT_EQ(with([](auto& c) { c.headdim = c.headdim_v = 96; }), KernelFamily::sm80);
+  EXPECT_EQ(with([](auto& c) { c.headdim = c.headdim_v = 80; }), KernelFamily::sm80);  // not compiled
   EXPECT_EQ(with([](auto& c) { c.headdim_v = 64; }), KernelFamily::sm80);
+  EXPECT_EQ(with([](auto& c) { c.headdim = 192, c.headdim_v = 64; }), KernelFamily::sm80);
   EXPECT_EQ(with([](auto& c) { c.max_seqlen_q = 63; }), KernelFamily::sm80);
   EXPECT_EQ(with([](auto& c) { c.one_split = false; }), KernelFamily::sm80);
   EXPECT_EQ(with([](auto& c) { c.page_size = 256, c.has_leftpad = true; }), KernelFamily::sm80);

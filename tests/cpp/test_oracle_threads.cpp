@@ -76,10 +76,7 @@ TEST(OracleThreads, AnyThreadCountGivesTheSerialBits) {
   awkward.awkward = true;
   awkward.large_fraction = 0.0;
   for (uint64_t seed = 1000000; seed < 1000000 + 4; ++seed) expect_thread_counts_agree(seed, awkward);
-  CaseLimits prefill;  // the GPU runner's sm90 draws
-  prefill.headdims = {64, 128, 256};
-  prefill.min_seqlen_q = 64;
-  prefill.max_seqlen_q = 512;
+  const CaseLimits prefill = sm90_prefill_limits();  // the GPU runner's sm90 draws
   for (uint64_t seed = 1; seed <= 3; ++seed) expect_thread_counts_agree(seed, prefill);
 }
 

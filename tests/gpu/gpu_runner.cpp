@@ -115,7 +115,7 @@ int run_random(int count, uint64_t first_seed, const std::string& only) {
   const double max_seconds = seconds_env ? std::atof(seconds_env) : 0.0;
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   oracle::CaseLimits limits;
-  if (only == "sm90") limits.headdims = {64, 128, 256}, limits.min_seqlen_q = 64, limits.max_seqlen_q = 512;
+  if (only == "sm90") limits = oracle::sm90_prefill_limits();
   if (only == "mla" || only == "sm90mla") limits.mla = true, limits.max_work *= 4;  // 128 heads x 1088 MACs per key
   if (only == "sm90mla") limits.max_seqlen_q = core::kSm90MlaMaxSeqlenQ;
   for (uint64_t seed = first_seed; tally.passed + tally.failed < count && seed < first_seed + 20 * count; ++seed) {

@@ -118,9 +118,9 @@ cuda::AttentionParams cache_params(const Shape& s, const PageTable& pages, void*
 
 void launch_rung(const cuda::AttentionParams& p, int headdim, int group, int rung) {
   switch (headdim) {
-    case 64: return cuda::sm90::launch_prefill_rung<__nv_bfloat16, 64>(p, group, rung, nullptr);
-    case 128: return cuda::sm90::launch_prefill_rung<__nv_bfloat16, 128>(p, group, rung, nullptr);
-    default: return cuda::sm90::launch_prefill_rung<__nv_bfloat16, 256>(p, group, rung, nullptr);
+    case 64: return cuda::sm90::launch_prefill_rung<__nv_bfloat16, 64, 64>(p, group, rung, nullptr);
+    case 128: return cuda::sm90::launch_prefill_rung<__nv_bfloat16, 128, 128>(p, group, rung, nullptr);
+    default: return cuda::sm90::launch_prefill_rung<__nv_bfloat16, 256, 256>(p, group, rung, nullptr);
   }
 }
 

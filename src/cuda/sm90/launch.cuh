@@ -19,11 +19,10 @@ namespace kvflash::cuda {
 template <class Elem, int kHeadDim, int kHeadDimV>
 void launch_sm90_attention(const AttentionParams& p, KernelShape shape, bool /*overlap_previous*/,
                            cudaStream_t stream) {
-  static_assert(kHeadDim == kHeadDimV, "the sm90 family runs d == d_v");
   const int rung = shape == KernelShape::prefill_small_tiles          ? sm90::kSmallTileRung
                    : core::env_opted_in("KVFLASH_SM90_PERSISTENT") ? sm90::kPersistentRung
                                                                     : sm90::kBestRung;
-  sm90::launch_prefill_rung<Elem, kHeadDim>(p, p.group, rung, stream);
+  sm90::launch_prefill_rung<Elem, kHeadDim, kHeadDimV>(p, p.group, rung, stream);
 }
 
 }  // namespace kvflash::cuda

@@ -1,5 +1,6 @@
 // The sm90 family's attention launcher, as the dispatcher (backend.cu) sees it: one instantiation
-// per (dtype, head dims) row of src/cuda/instantiations.def (d == d_v in {64, 128, 256}).
+// per (dtype, head dims) row of src/cuda/instantiations.def (d == d_v in {64, 96, 128, 192, 256},
+// and 192 / 128).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,5 +1,5 @@
 // The Hopper (sm_90a) prefill family's kernels (prefill_kernel.cuh) by rung, one explicit
-// instantiation file per (dtype, head dim): prefill_inst_*.cu. The dispatcher reaches them through
+// instantiation file per (dtype, head dims): prefill_inst_*.cu. The dispatcher reaches them through
 // launch_sm90_attention (launch.h); the GPU runner times each rung (tests/gpu/sm90_bench.cpp).
 #pragma once
 
@@ -12,7 +12,9 @@ namespace kvflash::cuda::sm90 {
 
 // Keys per block of head dim d: the family rule's (core/kernel_family.h), which sends a paged cache
 // here only with pages of whole blocks or of 8 or more keys dividing a block (sm90_page_fits).
-constexpr int prefill_block_n(int headdim) { return core::sm90_block_n(headdim); }
+constexpr int prefill_block_n(int headdim, int headdim_v) {
+  return core::sm90_block_n(headdim > headdim_v ? headdim : headdim_v);
+}
 
 // The rungs of the ladder the family was built by (BENCHMARKS.md, session 4), kept for timing:
 // 1: one consumer warp group (64 rows); 2: two consumer groups (128 rows) with the producer's
@@ -31,6 +33,11 @@ constexpr int kPingPongRung = 4;    // left out of the sanitizers' runs (raceche
 constexpr int kPersistentRung = 5;
 constexpr int kSmallTileRung = 6;  // core::sm90_small_tiles plans it
 constexpr int kSmallTileMaxHeadDim = core::kSm90SmallTileMaxHeadDim;
+// The head dims the whole ladder is compiled at (sm90bench times it there); the others (96, 192,
+// 192 / 128) have the planned kernels only: rung 3, its small-page variants and rung 6.
+constexpr bool ladder_dims(int headdim, int headdim_v) {
+  return headdim == headdim_v && (headdim == 64 || headdim == 128 || headdim == 256);
+}
 // Rung 7: rung 3 with FA3's wider key blocks (176 keys at d <= 128, 80 at d 256: fewer softmax
 // passes per key), over dense caches; timed by sm90bench, not planned.
 constexpr int kWideRung = 7;
@@ -39,7 +46,7 @@ constexpr int wide_block_n(int headdim) { return headdim <= 64 ? 128 : headdim <
 // Attention over `p` (one split; rows are query indices of one head, K / V head = query head /
 // kv_group) by rung `rung`'s kernel; a paged cache of pages smaller than a key block (8, 16, ...
 // keys: core::sm90_page_fits) by the best rung's kernel for that page size, whatever `rung`.
-template <class Elem, int kHeadDim>
+template <class Elem, int kHeadDim, int kHeadDimV>
 void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaStream_t stream);
 
 }  // namespace kvflash::cuda::sm90

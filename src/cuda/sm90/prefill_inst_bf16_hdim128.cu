@@ -2,5 +2,5 @@
 #include "cuda/sm90/prefill_rungs.cuh"
 
 namespace kvflash::cuda::sm90 {
-template void launch_prefill_rung<__nv_bfloat16, 128>(const AttentionParams&, int, int, cudaStream_t);
+template void launch_prefill_rung<__nv_bfloat16, 128, 128>(const AttentionParams&, int, int, cudaStream_t);
 }  // namespace kvflash::cuda::sm90

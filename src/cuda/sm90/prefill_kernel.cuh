@@ -1,7 +1,7 @@
 // The Hopper (sm_90a) prefill family: FA3's structure written with CuTe. A CTA owns kBlockM query
 // rows of one query head of one sequence (GQA heads are not packed: K/V head = head / kv_group).
 //  - Warp group 0 is the producer: one thread moves the Q tile and every K / V block by TMA into
-//    128-byte-swizzled shared memory, kStages deep, each completing on an mbarrier
+//    swizzled shared memory (128-byte; 64-byte rows at d 96), kStages deep, each completing on an mbarrier
 //    (cutlass::PipelineTmaAsync: full barriers count bytes, empty barriers count consumers).
 //    A paged cache whose pages are smaller than a block (kPageKeys) is read one page per copy,
 //    a lane of the producer's first warp per page.
@@ -49,19 +49,21 @@ namespace kvflash::cuda::sm90 {
 
 using namespace cute;
 
-template <class Elem_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kConsumerWGs_, bool kOverlap_,
+template <class Elem_, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kStages_, int kConsumerWGs_, bool kOverlap_,
           bool kPingPong_ = false, int kPageKeys_ = 0, bool kPersistent_ = false, int kCtasPerSm_ = 1>
 struct PrefillTraits {
   using Elem = Elem_;  // __nv_bfloat16 or __half
   using E = typename CuteElem<Elem>::type;
-  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
+  // Q and K rows have kHeadDim channels, V and O rows kHeadDimV (equal, or 192 / 128).
+  static constexpr int kHeadDim = kHeadDim_, kHeadDimV = kHeadDimV_;
+  static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
   static constexpr int kConsumerWGs = kConsumerWGs_;
   static constexpr bool kOverlap = kOverlap_;
   static constexpr bool kPingPong = kPingPong_;
   static_assert(!kPingPong || (kOverlap && kConsumerWGs_ == 2), "ping-pong: two overlapping groups");
   static constexpr bool kPersistent = kPersistent_;
   static_assert(!kPersistent || (kOverlap && !kPingPong && kConsumerWGs_ == 2), "persistent: rung 3's groups");
-  static_assert(!kPersistent || kHeadDim % 64 == 0, "the persistent O tile swizzles 8 16-byte chunks per row");
+  static_assert(!kPersistent || kHeadDimV % 64 == 0, "the persistent O tile swizzles 8 16-byte chunks per row");
   static constexpr int kConsumerThreads = 128 * kConsumerWGs;
   static constexpr int kThreads = 128 + kConsumerThreads;
   // CTAs resident per SM (launch bounds): two with one consumer group, so that one CTA's prologue
@@ -87,7 +89,7 @@ struct PrefillTraits {
   static constexpr int kProducerLanes = kUnits > 1 || kPersistent ? 32 : 1;
 
   using TileQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
-  using TilePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;
+  using TilePV = Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>;
   using AtomLayout = Layout<Shape<Int<kConsumerWGs>, _1, _1>>;
   using MmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<E, E, float, TileQK>(), AtomLayout{}));
   using MmaPV = decltype(make_tiled_mma(GMMA::rs_op_selector<E, E, float, TilePV, GMMA::Major::K, GMMA::Major::MN>(),
@@ -99,19 +101,25 @@ struct PrefillTraits {
   using SmemAtomK = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, E, Int<kBlockN>,
                                                                                  Int<kHeadDim>>());
   using SmemLayoutK = decltype(tile_to_shape(SmemAtomK{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
-  using SmemLayoutV = SmemLayoutK;
+  using SmemAtomV = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, E, Int<kBlockN>,
+                                                                                 Int<kHeadDimV>>());
+  using SmemLayoutV = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
   // One unit's rows of a stage's tile: the tile's own layout restricted to kUnitRows rows, so each
   // 128-byte column chunk of a page is one TMA box landing at its rows of that chunk (a whole
   // block: the stage's layout, whose chunks are contiguous: one box). A unit must start where the
   // swizzle pattern does (an atom's rows: 8 rows x 128 B = 1024 B).
-  using SmemLayoutKUnit = conditional_t<
-      kUnits == 1, decltype(take<0, 2>(SmemLayoutK{})),
-      decltype(composition(take<0, 2>(SmemLayoutK{}),
-                           make_layout(Shape<Int<kUnitRows>, Int<kHeadDim>>{}, Stride<_1, Int<kBlockN>>{})))>;
-  static_assert(kUnitRows % size<0>(SmemAtomK{}) == 0, "a unit starts at a swizzle atom's first row");
+  template <class SmemLayout, int kDim>
+  using UnitLayout = conditional_t<
+      kUnits == 1, decltype(take<0, 2>(SmemLayout{})),
+      decltype(composition(take<0, 2>(SmemLayout{}),
+                           make_layout(Shape<Int<kUnitRows>, Int<kDim>>{}, Stride<_1, Int<kBlockN>>{})))>;
+  using SmemLayoutKUnit = UnitLayout<SmemLayoutK, kHeadDim>;
+  using SmemLayoutVUnit = UnitLayout<SmemLayoutV, kHeadDimV>;
+  static_assert(kUnitRows % size<0>(SmemAtomK{}) == 0 && kUnitRows % size<0>(SmemAtomV{}) == 0,
+                "a unit starts at a swizzle atom's first row");
   // V^T as the P V GEMM's B operand (head dim x keys): the same bytes, a transposed view.
   using SmemLayoutVt = decltype(composition(
-      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
 
   // Global tensors as TMA sees them: (row, channel, head, batch row or page).
   using GStride = Stride<int64_t, _1, int64_t, int64_t>;
@@ -119,11 +127,15 @@ struct PrefillTraits {
   using TmaQ = decltype(make_tma_copy(
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<const E*>(nullptr)), GShape{}, GStride{}),
       SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
-  using TmaKV = decltype(make_tma_copy(
+  template <class UnitLayout, int kDim>
+  using TmaUnit = decltype(make_tma_copy(
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<const E*>(nullptr)), GShape{}, GStride{}),
-      SmemLayoutKUnit{}, Shape<Int<kUnitRows>, Int<kHeadDim>>{}, _1{}));
+      UnitLayout{}, Shape<Int<kUnitRows>, Int<kDim>>{}, _1{}));
+  using TmaK = TmaUnit<SmemLayoutKUnit, kHeadDim>;
+  using TmaV = TmaUnit<SmemLayoutVUnit, kHeadDimV>;
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(E);
-  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(E);
+  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(E);
+  static constexpr uint32_t kVBytes = kBlockN * kHeadDimV * sizeof(E);
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   struct SharedStorage {
@@ -136,8 +148,9 @@ struct PrefillTraits {
   };
   // The epilogue's fp32 O tile reuses the Q, K and V tiles. Rows are padded by 8 floats: half
   // a warp's 64-bit accumulator stores (4 rows x 4 column pairs, one phase) then cover 32 distinct banks.
-  static constexpr int kOStride = kHeadDim + 8;
-  static_assert(kBlockM * kOStride * 4 <= (cosize_v<SmemLayoutQ> + 2 * cosize_v<SmemLayoutK>) * int(sizeof(E)),
+  static constexpr int kOStride = kHeadDimV + 8;
+  static_assert(kBlockM * kOStride * 4 <=
+                    (cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutK> + cosize_v<SmemLayoutV>) * int(sizeof(E)),
                 "the O tile fits over the Q / K / V tiles");
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kCtasPerSm == 1 || kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs' shared memory");
@@ -153,7 +166,8 @@ struct PrefillParams {
   int num_tiles = 0;          // persistent: m_blocks x heads x sequences
   typename T::GShape q_shape, k_shape, v_shape;
   typename T::TmaQ tma_q;
-  typename T::TmaKV tma_k, tma_v;
+  typename T::TmaK tma_k;
+  typename T::TmaV tma_v;
 };
 
 // Where the keys from key0 on (a block or one page of it) of this CTA's sequence start in the K / V
@@ -184,12 +198,12 @@ __device__ __forceinline__ void wait_q_free() {
   cutlass::arch::NamedBarrier::sync(32 + T::kConsumerThreads, kQFree);
 }
 
-// Element (row, column) of the persistent kernel's O tile over Q: rows of kHeadDim elements, their
+// Element (row, column) of the persistent kernel's O tile over Q: rows of kHeadDimV elements, their
 // 16-byte chunks swizzled by the row (chunk ^ row % 8), so that the 8 rows a warp writes at once
 // fall on different banks. Four channels from a multiple of 4 stay contiguous.
 template <class T>
 __device__ __forceinline__ int o_tile_index(int row, int col) {
-  return row * T::kHeadDim + ((col / 8) ^ (row % 8)) * 8 + col % 8;
+  return row * T::kHeadDimV + ((col / 8) ^ (row % 8)) * 8 + col % 8;
 }
 
 // Ping-pong turns: a group waits for its turn before issuing GEMMs and hands the turn over after.
@@ -205,7 +219,7 @@ __device__ __forceinline__ void pass_turn(int group) {
 // Run by kProducerLanes of the producer group's first warp: lane 0 issues Q and arms the barriers;
 // lane u < kUnits looks up and issues unit u of each K / V block (one page each: a block's
 // page-table reads run in parallel), every copy completing on the stage's one full barrier, which
-// expects the block's bytes (kKVBytes: zero-filled boxes count too). `state` carries on from tile
+// expects the block's bytes (kKBytes / kVBytes: zero-filled boxes count too). `state` carries on from tile
 // to tile (persistent); so does Q's barrier. Persistent, Q follows the tile's first K / V block,
 // after the consumers have read the tile before out of it (wait_q: not the CTA's first tile).
 template <class T>
@@ -245,22 +259,23 @@ __device__ __forceinline__ void produce(const PrefillParams<T>& params, typename
   Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
   auto k_slice = params.tma_k.get_slice(_0{});
   auto v_slice = params.tma_v.get_slice(_0{});
-  const auto unit = Shape<Int<T::kUnitRows>, Int<T::kHeadDim>>{};
+  const auto k_unit = Shape<Int<T::kUnitRows>, Int<T::kHeadDim>>{};
+  const auto v_unit = Shape<Int<T::kUnitRows>, Int<T::kHeadDimV>>{};
   for (int n = n_last; n >= n_first; --n) {
     const int2 at = kv_unit_origin(p, seq, n * T::kBlockN + (issues ? lane : 0) * T::kUnitRows);
-    Tensor gK = local_tile(domain_offset(make_coord(at.x, _0{}), mK(_, _, hk, at.y)), unit, make_coord(_0{}, _0{}));
-    Tensor gV = local_tile(domain_offset(make_coord(at.x, _0{}), mV(_, _, hk, at.y)), unit, make_coord(_0{}, _0{}));
+    Tensor gK = local_tile(domain_offset(make_coord(at.x, _0{}), mK(_, _, hk, at.y)), k_unit, make_coord(_0{}, _0{}));
+    Tensor gV = local_tile(domain_offset(make_coord(at.x, _0{}), mV(_, _, hk, at.y)), v_unit, make_coord(_0{}, _0{}));
     pipe_k.producer_acquire(state);
     sync_lanes();
     if (issues) {
       copy(params.tma_k.with(*pipe_k.producer_get_barrier(state), 0), k_slice.partition_S(gK),
-           k_slice.partition_D(local_tile(sK(_, _, state.index()), unit, make_coord(lane, _0{}))));
+           k_slice.partition_D(local_tile(sK(_, _, state.index()), k_unit, make_coord(lane, _0{}))));
     }
     pipe_v.producer_acquire(state);
     sync_lanes();
     if (issues) {
       copy(params.tma_v.with(*pipe_v.producer_get_barrier(state), 0), v_slice.partition_S(gV),
-           v_slice.partition_D(local_tile(sV(_, _, state.index()), unit, make_coord(lane, _0{}))));
+           v_slice.partition_D(local_tile(sV(_, _, state.index()), v_unit, make_coord(lane, _0{}))));
     }
     ++state;
     if constexpr (T::kPersistent) {
@@ -313,8 +328,8 @@ __device__ __forceinline__ void consume(const PrefillParams<T>& params, typename
     const int valid = seqlen_k - n * T::kBlockN;
     if (valid >= T::kBlockN) return;
     const int wg_thread = thread % 128;
-    for (int e = wg_thread; e < T::kBlockN * T::kHeadDim; e += 128) {
-      const int r = e / T::kHeadDim, c = e % T::kHeadDim;
+    for (int e = wg_thread; e < T::kBlockN * T::kHeadDimV; e += 128) {
+      const int r = e / T::kHeadDimV, c = e % T::kHeadDimV;
       if (r >= valid) sV(r, c, stage) = E(0.0f);
     }
     cutlass::arch::fence_view_async_shared();
@@ -437,14 +452,16 @@ __device__ __forceinline__ Pipelines<T> setup_pipelines(const PrefillParams<T>& 
   pp.role = threadIdx.x < 128 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
   pp.num_consumers = T::kConsumerThreads;
-  pp.transaction_bytes = T::kKVBytes;
   if (threadIdx.x == 0) {
     ss.q_full.init(1);
     cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
   }
-  Pipelines<T> pipes{Pipeline(ss.pipe_k, pp, Shape<_1, _1, _1>{}), Pipeline(ss.pipe_v, pp, Shape<_1, _1, _1>{})};
+  typename Pipeline::Params pp_v = pp;
+  pp.transaction_bytes = T::kKBytes;
+  pp_v.transaction_bytes = T::kVBytes;
+  Pipelines<T> pipes{Pipeline(ss.pipe_k, pp, Shape<_1, _1, _1>{}), Pipeline(ss.pipe_v, pp_v, Shape<_1, _1, _1>{})};
   cutlass::arch::fence_barrier_init();
   __syncthreads();
   return pipes;
@@ -557,7 +574,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 }
 
 // Host side: TMA descriptors over q and the cache, then one CTA per (query block, head, sequence).
-// Requires: head dims == kHeadDim, one split, rows 16-byte aligned (the backend's checks), and a
+// Requires: head dims (kHeadDim, kHeadDimV), one split, rows 16-byte aligned (the backend's checks), and a
 // paged cache only without leftpad, with page_size == kPageKeys (pages smaller than a block) or
 // page_size % kBlockN == 0 (kPageKeys 0): core::sm90_takes.
 template <class T>
@@ -579,14 +596,15 @@ void launch_prefill(const AttentionParams& ap, int kv_group, cudaStream_t stream
   const int rows = c.paged ? c.page_size.divisor : ap.len.capacity;
   const int units = c.paged ? c.num_pages : ap.len.num_cache_seqs;
   params.k_shape = make_shape(int32_t(rows), int32_t(T::kHeadDim), int32_t(ap.num_heads_k), int32_t(units));
-  params.v_shape = params.k_shape;
+  params.v_shape = make_shape(int32_t(rows), int32_t(T::kHeadDimV), int32_t(ap.num_heads_k), int32_t(units));
   Tensor mK = make_tensor(make_gmem_ptr(static_cast<const E*>(c.k)), params.k_shape,
                           make_stride(c.k_pos_stride, _1{}, c.k_head_stride, c.k_row_stride));
   Tensor mV = make_tensor(make_gmem_ptr(static_cast<const E*>(c.v)), params.v_shape,
                           make_stride(c.v_pos_stride, _1{}, c.v_head_stride, c.v_row_stride));
-  auto unit = Shape<Int<T::kUnitRows>, Int<T::kHeadDim>>{};
-  params.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, typename T::SmemLayoutKUnit{}, unit, _1{});
-  params.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename T::SmemLayoutKUnit{}, unit, _1{});
+  params.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, typename T::SmemLayoutKUnit{},
+                               Shape<Int<T::kUnitRows>, Int<T::kHeadDim>>{}, _1{});
+  params.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename T::SmemLayoutVUnit{},
+                               Shape<Int<T::kUnitRows>, Int<T::kHeadDimV>>{}, _1{});
 
   const dim3 grid((ap.len.seqlen_q + T::kBlockM - 1) / T::kBlockM, ap.num_heads, ap.len.batch);
   if (grid.x == 0 || grid.z == 0) return;

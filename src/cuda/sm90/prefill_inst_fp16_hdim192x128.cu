@@ -1,0 +1,6 @@
+// One sm_90a prefill instantiation (fp16, head dims 192 / 128); see prefill_rungs.cuh.
+#include "cuda/sm90/prefill_rungs.cuh"
+
+namespace kvflash::cuda::sm90 {
+template void launch_prefill_rung<__half, 192, 128>(const AttentionParams&, int, int, cudaStream_t);
+}  // namespace kvflash::cuda::sm90
