@@ -88,7 +88,7 @@ KVFLASH_HD constexpr bool sm90_takes(const FamilyInputs& in) {
 // 0.176 -> 0.155 ms, full 0.211 -> 0.205, b16 x 1024 causal 0.230 -> 0.216 (512 keys per row on
 // average), but b16 x 1024 full 0.309 -> 0.321 and b1 x 16k 20% slower): so at most 512 keys for
 // the middle query row, prompts of up to 1,024 tokens, head dim <= 128 (two CTAs' tiles fit in
-// shared memory), over a dense cache or pages of whole 64-key blocks.
+// shared memory), over any cache layout the family reads (pages of 8-64 keys: one copy per page).
 constexpr int kSm90SmallTile = 64;
 constexpr int kSm90SmallTileMaxHeadDim = 128;
 constexpr int kSm90SmallTileMaxSeqlenQ = 1024;
@@ -96,7 +96,7 @@ constexpr int kSm90SmallTileMaxKeys = 512;
 KVFLASH_HD constexpr bool sm90_small_tiles(const FamilyInputs& in) {
   const int widest = round_up_headdim(in.headdim > in.headdim_v ? in.headdim : in.headdim_v);
   return in.sm90_small_tiles && widest <= kSm90SmallTileMaxHeadDim && in.max_seqlen_q <= kSm90SmallTileMaxSeqlenQ &&
-         in.middle_row_keys <= kSm90SmallTileMaxKeys && in.page_size % kSm90SmallTile == 0;
+         in.middle_row_keys <= kSm90SmallTileMaxKeys;
 }
 
 // Tile t of the sm90 family's persistent kernel (src/cuda/sm90/prefill_kernel.cuh), over m_blocks

@@ -460,8 +460,8 @@ TEST(KernelFamily, Sm90NeedsOneSplit) {
 }
 
 // The sm90 small-tile kernel's row: short key loops (the middle query row sees <= 512 keys) of
-// prompts up to 1,024 tokens, head dims up to 128, dense or pages of whole 64-key blocks; its tile
-// is 64 x 64. On by default in the planner, off by KVFLASH_SM90_SMALL_TILES=0.
+// prompts up to 1,024 tokens, head dims up to 128, any cache layout the family reads (pages of 8-64
+// keys too: one copy per page); its tile is 64 x 64. On by default in the planner, off by KVFLASH_SM90_SMALL_TILES=0.
 TEST(KernelFamily, Sm90SmallTilesRuleRow) {
   core::FamilyInputs in{90, true, 128, 128, 512};
   in.max_seqlen_q = 512;
@@ -487,7 +487,11 @@ TEST(KernelFamily, Sm90SmallTilesRuleRow) {
   EXPECT_EQ(shape_with([](auto& c) { c.max_seqlen_q = 1025; }), KernelShape::prefill);
   EXPECT_EQ(shape_with([](auto& c) { c.middle_row_keys = 513; }), KernelShape::prefill);
   EXPECT_EQ(shape_with([](auto& c) { c.headdim = c.headdim_v = 256; }), KernelShape::prefill);
-  EXPECT_EQ(shape_with([](auto& c) { c.page_size = 16; }), KernelShape::prefill);  // pages of 16: rung 3's
+  for (int page : {8, 16, 32}) {
+    EXPECT_EQ(shape_with([&](auto& c) { c.page_size = page; }), KernelShape::prefill_small_tiles) << page;
+  }
+  EXPECT_EQ(shape_with([](auto& c) { c.headdim = c.headdim_v = 96; }), KernelShape::prefill_small_tiles);
+  EXPECT_EQ(shape_with([](auto& c) { c.headdim = 192, c.headdim_v = 128; }), KernelShape::prefill);
   // The planner (switch unset: on): a short prompt gets the 64 x 64 tile in its Plan.
   const auto plan_of = [](int seqlen_q, int seqlen_k, bool causal, int window_left = -1) {
     PlanKey raw = prefill_key();

@@ -45,7 +45,7 @@ constexpr int wide_block_n(int headdim) { return headdim <= 64 ? 128 : headdim <
 
 // Attention over `p` (one split; rows are query indices of one head, K / V head = query head /
 // kv_group) by rung `rung`'s kernel; a paged cache of pages smaller than a key block (8, 16, ...
-// keys: core::sm90_page_fits) by the best rung's kernel for that page size, whatever `rung`.
+// keys: core::sm90_page_fits) by rung 6's kernel for that page size when asked for, else rung 3's.
 template <class Elem, int kHeadDim, int kHeadDimV>
 void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaStream_t stream);
 
