@@ -141,7 +141,8 @@ class AttendOnlyCall {
     q_ = to_device(memory, q);
     if (page_table) page_table_ = to_device(memory, *page_table);
     seqlens_ = to_device(memory, int32_tensor(std::vector<int32_t>(size_t(batch), int32_t(context))));
-    out_ = DeviceTensor(memory, s.dtype, {batch, seqlen_q, s.heads, s.head_dim_v});
+    // FA3's all-fp8 call writes bf16 (contract 5.8).
+    out_ = DeviceTensor(memory, s.dtype == DType::e4m3 ? DType::bf16 : s.dtype, {batch, seqlen_q, s.heads, s.head_dim_v});
     args_.q = q_.view();
     args_.k_cache = k_cache_.view();
     args_.v_cache = v_cache_.view();

@@ -40,6 +40,11 @@ done
 "$KVFLASH" bench --quick --eager --device cpu --out "$SCRATCH/bench.json" >/dev/null 2>&1
 [ "$(json_get "$SCRATCH/bench.json" "len(d['rows']) == 6 and d['version'] in '$version' and 'bench --quick' in d['command'] and d['rows'][0]['host_us'] is None")" = True ] ||
   fail "bench --quick: $(head -c 600 "$SCRATCH/bench.json")"
+# fp8: FA3's all-fp8 call, whose output is bf16.
+"$KVFLASH" bench --dtype fp8 --context none --prefill 64 --heads 2 --kv-heads 2 --head-dim 64 --repeats 1 --warmup 0 \
+  --device cpu --out "$SCRATCH/bench_fp8.json" >/dev/null 2>&1
+[ "$(json_get "$SCRATCH/bench_fp8.json" "len(d['rows']) == 1 and d['rows'][0]['dtype'] == 'fp8'")" = True ] ||
+  fail "bench --dtype fp8: $(head -c 600 "$SCRATCH/bench_fp8.json")"
 
 expect_error 2 "--batch: At Most 1 required but received 2" "$KVFLASH" run --batch 2 --batch 3
 expect_error 2 "--verbose" "$KVFLASH" run --verbose
