@@ -299,6 +299,16 @@ def test_float_reference_matches_kvflash_and_reads_the_descales():
     assert not torch.equal(inputs.k_descale, inputs.v_descale)
 
 
+def test_float_reference_in_blocks_of_query_rows(monkeypatch):
+    """Blocks of 5 query rows (the 16k rows' would be 1k) give the one-block output, causal mask
+    included."""
+    case = next(c for c in suites.tiny_suite() if c.kind == "prefill" and c.causal and not c.page_size)
+    inputs = Inputs(case, "cpu")
+    whole = float_ref.float_reference(case, inputs)
+    monkeypatch.setattr(float_ref, "SCORE_BYTES", 4 * case.batch * case.heads * case.seqlen_k * 5)
+    assert torch.allclose(float_ref.float_reference(case, inputs), whole, atol=1e-6, rtol=0)
+
+
 def test_mla_and_fp8_rows_on_the_cpu():
     """kvflash (and its batch-invariant mode) agree with the float32 reference; SDPA's math backend
     runs MLA as [qv|q] attention and refuses the fp8 cache; systems that drop MLA's rotary term or

@@ -11,10 +11,11 @@ the cache per query head).
 import torch
 
 NAME = "fp32 reference"
+SCORE_BYTES = 1 << 30  # float32 scores per block of query rows (16k prefill's would be ~17 GB)
 
 
 def float_reference(case, inputs):
-    """The output in kvflash's (b, s_q, h, d_v) layout, float32."""
+    """The output in kvflash's (b, s_q, h, d_v) layout, float32, in blocks of query rows."""
     b, sq, h, hk = case.batch, case.seqlen_q, case.heads, case.heads_k
     k, v = (t.float() for t in inputs.contiguous_kv())  # (b, s_k, h_k, d | d_v)
     if case.fp8:
@@ -24,13 +25,21 @@ def float_reference(case, inputs):
     def grouped(t):  # (b, s_q, h, x) -> (b, s_q, h_k, h / h_k, x)
         return t.float().reshape(b, sq, hk, h // hk, t.shape[-1])
 
-    scores = torch.einsum("bqkgd,bskd->bkgqs", grouped(inputs.q), k)
-    if case.is_mla:
-        scores += torch.einsum("bqkgd,bskd->bkgqs", grouped(inputs.qv), v)
+    q = grouped(inputs.q)
+    qv = grouped(inputs.qv) if case.is_mla else None
+    rows = max(1, SCORE_BYTES // (4 * b * h * case.seqlen_k))
+    blocks = [_block(case, q, qv, k, v, first, min(first + rows, sq)) for first in range(0, sq, rows)]
+    return torch.cat(blocks, dim=1).reshape(b, sq, h, case.dv)
+
+
+def _block(case, q, qv, k, v, first, last):
+    """Query rows first .. last - 1, as (b, rows, h_k, h / h_k, d_v)."""
+    scores = torch.einsum("bqkgd,bskd->bkgqs", q[:, first:last], k)
+    if qv is not None:
+        scores += torch.einsum("bqkgd,bskd->bkgqs", qv[:, first:last], v)
     scores *= case.softmax_scale
-    if case.causal and sq > 1:  # bottom-right: query i sees keys up to s_k - s_q + i
-        rows = torch.arange(sq, device=scores.device)[:, None] + case.seqlen_k - sq
-        hidden = torch.arange(case.seqlen_k, device=scores.device)[None, :] > rows
+    if case.causal and case.seqlen_q > 1:  # bottom-right: query i sees keys up to s_k - s_q + i
+        seen = torch.arange(first, last, device=scores.device)[:, None] + case.seqlen_k - case.seqlen_q
+        hidden = torch.arange(case.seqlen_k, device=scores.device)[None, :] > seen
         scores.masked_fill_(hidden, float("-inf"))
-    out = torch.einsum("bkgqs,bskd->bqkgd", scores.softmax(dim=-1), v)
-    return out.reshape(b, sq, h, case.dv)
+    return torch.einsum("bkgqs,bskd->bqkgd", scores.softmax(dim=-1), v)
