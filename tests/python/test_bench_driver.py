@@ -3,6 +3,7 @@ suite loop's rows for systems that agree, disagree, fail or cannot take a case, 
 markdown / plot writers. Timings here mean nothing; the structure is what is tested."""
 
 import csv
+import dataclasses
 import math
 import os
 
@@ -19,7 +20,7 @@ from kvflash.bench.peers_external import FlashAttention4, FlashInfer  # noqa: E4
 from kvflash.bench.system import NotRun, Prepared, System  # noqa: E402
 from kvflash.bench.peers_torch import Sdpa  # noqa: E402
 from kvflash.bench.report import Results, markdown, write_csv  # noqa: E402
-from kvflash.bench.runner import Suite  # noqa: E402
+from kvflash.bench.runner import FP8_QKV_TOLERANCE, Suite  # noqa: E402
 from kvflash.bench.timing import Timer  # noqa: E402
 
 
@@ -256,7 +257,8 @@ def test_mla_and_fp8_cases_in_the_suites():
     assert [n for n in quick if n.startswith("mla")] == ["mla b64 q1 k8192 h16/1 d64/512 causal p64"]
     tiny = suites.tiny_suite()
     assert [c.name for c in tiny if c.is_mla] == ["mla b2 q1 k80 h4/1 d64/512 causal p16"]
-    assert [c.name for c in tiny if c.fp8] == ["decode b3 q1 k80 h4/2 d64 causal p16 fp8"]
+    assert [c.name for c in tiny if c.fp8] == ["decode b3 q1 k80 h4/2 d64 causal p16 fp8",
+                                              "prefill b1 q64 k64 h2/2 d64 full dense fp8_qkv"]
     # The MLA cases obey the cache budget like the decode ones.
     assert not [c for c in suites.default_suite(1 << 29) if c.is_mla]
     # fp8 rows are their own plot group and not issue 14's host-work rows.
@@ -359,3 +361,102 @@ def test_cli_dry_run_mla_and_fp8_columns(tmp_path):
     assert (kv["decode"]["headdim_v"], kv["decode"]["kv_dtype"]) == ("64", "fp8")
     for r in kv.values():
         assert r["status"] == "ok" and r["reference"] == float_ref.NAME and float(r["max_abs_diff"]) < 5e-3
+
+
+# --- FA3's all-fp8 prefill (issue 15) -------------------------------------------------------
+
+class KvflashUnitQDescale(System):
+    """kvflash's all-fp8 call with q read without its descale: must disagree with the reference."""
+
+    name = "unit-q-descale"
+
+    def prepare(self, case, inputs):
+        inner = Kvflash("cpu").prepare(case, inputs)
+        inputs.q_descale.fill_(1.0)  # after the reference was made from the true descale
+        return inner
+
+
+def test_all_fp8_prefill_cases_in_the_suites():
+    """The issue's shape (16k d128, both masks) and 2k d128, 16k d64 / d256 full, each beside its
+    bf16 twin; FLOPs are bf16 prefill's, K/V and q one byte, the output bf16; plotted apart."""
+    default = suites.default_suite(9 << 30)
+    fp8 = [c for c in default if c.fp8_q]
+    assert [c.name for c in fp8] == [
+        "prefill b8 q2048 k2048 h16/16 d128 causal dense fp8_qkv",
+        "prefill b1 q16384 k16384 h16/16 d128 causal dense fp8_qkv",
+        "prefill b8 q2048 k2048 h16/16 d128 full dense fp8_qkv",
+        "prefill b1 q16384 k16384 h16/16 d128 full dense fp8_qkv",
+        "prefill b1 q16384 k16384 h32/32 d64 full dense fp8_qkv",
+        "prefill b1 q16384 k16384 h8/8 d256 full dense fp8_qkv"]
+    for case in fp8:
+        twin = dataclasses.replace(case, kv_dtype="bf16")
+        assert twin in default and case.fp8 and not twin.fp8_q
+        assert case.flops() == twin.flops() and not case.memory_bound
+        assert case.kv_bytes() == twin.kv_bytes() // 2
+        q_bytes = case.batch * case.seqlen_q * case.heads * case.headdim
+        assert case.bytes_moved() == twin.bytes_moved() - twin.kv_bytes() // 2 - q_bytes
+        assert case.group == twin.group + " fp8_qkv" and not case.measures_host_work
+    quick = suites.quick_suite(9 << 30)
+    quick_fp8 = [c for c in quick if c.fp8_q]
+    assert [c.name for c in quick_fp8] == ["prefill b2 q8192 k8192 h16/16 d128 full dense fp8_qkv"]
+    assert dataclasses.replace(quick_fp8[0], kv_dtype="bf16") in quick
+    assert suites.select(default, "fp8_qkv") == fp8 and not suites.select(fp8, "fp8$")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_all_fp8_prefill_on_the_cpu_matches_a_float64_reference(causal):
+    """kvflash's all-fp8 call (e4m3 q / k / v with their descales) writes bf16 that agrees with
+    the float64 reference (tests/python/reference.py) of the dequantised inputs, within the fp8
+    tolerance and bf16's rounding; reading q without its descale is a mismatch."""
+    from reference import reference_kvcache
+
+    case = dataclasses.replace(next(c for c in suites.tiny_suite() if c.fp8_q), causal=causal)
+    inputs = Inputs(case, "cpu")
+    assert inputs.q.dtype == inputs.k_cache.dtype == inputs.v_cache.dtype == torch.float8_e4m3fn
+    assert inputs.q_descale.shape == (case.batch, case.heads_k) and inputs.q_descale.dtype == torch.float32
+    assert len({inputs.q_descale[0, 0].item(), inputs.k_descale[0, 0].item(), inputs.v_descale[0, 0].item()}) == 3
+
+    def dequantised(t, descale):  # (b, s, h_k or h, d) float64 times the (b, h_k) descale
+        x = t.double().reshape(case.batch, t.shape[1], case.heads_k, -1, case.headdim)
+        return (x * descale.double()[:, None, :, None, None]).reshape(t.shape).numpy()
+
+    want, *_ = reference_kvcache(dequantised(inputs.q, inputs.q_descale),
+                                 dequantised(inputs.k_cache, inputs.k_descale),
+                                 dequantised(inputs.v_cache, inputs.v_descale),
+                                 cache_seqlens=inputs.cache_seqlens.numpy(), softmax_scale=case.softmax_scale,
+                                 causal=causal)
+    out = Kvflash("cpu").prepare(case, inputs).fn()
+    assert out.dtype == torch.bfloat16 and out.shape == inputs.q.shape
+    diff = (out.double() - torch.from_numpy(want)).abs().max().item()
+    assert diff <= FP8_QKV_TOLERANCE
+    assert diff < 1e-2  # the CPU backend keeps P in bf16 (contract 5.8): bf16's rounding only
+
+    timer = Timer("cpu", min_reps=2, max_reps=2, warmup=0)
+    rows = Suite([case], [Kvflash("cpu"), KvflashBatchInvariant("cpu"), KvflashUnitQDescale("cpu")], timer, "cpu",
+                 budget_s=60, log=lambda _: None).run()
+    row = {r.system: r for r in rows}
+    for system in ("kvflash", "kvflash-bi"):
+        assert row[system].status == "ok" and row[system].reference == float_ref.NAME
+        assert row[system].max_abs_diff < 1e-2
+    assert row["unit-q-descale"].status == "mismatch" and row["unit-q-descale"].max_abs_diff > 2 * FP8_QKV_TOLERANCE
+
+
+def test_all_fp8_rows_peers_and_report(tmp_path):
+    """On the all-fp8 tiny row SDPA and FlexAttention say why they do not run, FlashInfer needs
+    CUDA; the CSV keeps kv_dtype fp8_qkv."""
+    out = tmp_path / "out"
+    code = cli.main(["--device", "cpu", "--tiny", "--cases", "prefill b1 q64 k64 h2/2 d64 full dense",
+                     "--peers", "kvflash,sdpa-math,flex,flashinfer", "--min-reps", "2", "--max-reps", "2",
+                     "--out", str(out), "--no-plots"])
+    assert code == 0
+    with open(out / "results.csv") as f:
+        table = {(r["case"], r["system"]): r for r in csv.DictReader(f)}
+    name = "prefill b1 q64 k64 h2/2 d64 full dense fp8_qkv"
+    kv = table[(name, "kvflash")]
+    assert (kv["status"], kv["kv_dtype"], kv["reference"]) == ("ok", "fp8_qkv", float_ref.NAME)
+    assert float(kv["tflop_per_s"]) > 0
+    assert table[(name, "sdpa-math")]["status"] == "not run"
+    assert "cudnn frontend" in table[(name, "sdpa-math")]["note"]
+    assert "_scaled_dot_product_attention_quantized" in table[(name, "sdpa-math")]["note"]
+    assert table[(name, "flex")]["status"] == "not run" and "descales" in table[(name, "flex")]["note"]
+    assert table[(name, "flashinfer")]["status"] == "not run" and "CUDA" in table[(name, "flashinfer")]["note"]

@@ -11,14 +11,15 @@ paged (page_size > 0, pages handed out in a random order) or dense (page_size 0)
            rotary part (d 64) against rotary keys, qv the absorbed query (d_v 512) against the
            latent cache, which is also V; bytes / time or FLOP / time by arithmetic intensity
 Decode rows with kv_dtype "fp8" (issue 15) read a float8 e4m3 cache under a bf16 query, with
-per-tensor descales (data.py).
+per-tensor descales (data.py). Prefill rows with kv_dtype "fp8_qkv" (issue 15) are FA3's all-fp8
+call: q and the cache in e4m3, q / k / v descales, a bf16 output; their FLOPs are bf16 prefill's.
 """
 
 import dataclasses
 import re
 
 BYTES_BF16 = 2
-KV_BYTES = {"bf16": 2, "fp8": 1}
+KV_BYTES = {"bf16": 2, "fp8": 1, "fp8_qkv": 1}
 PREFILL_TOKENS = 16384
 PREFILL_MODEL_DIM = 2048  # heads = 2048 / headdim, the FlashAttention papers' convention
 # FLOP per cache byte above which an MLA row is compute bound: the H200's bf16 dense matmul over
@@ -39,7 +40,8 @@ class Case:
     causal: bool
     page_size: int  # 0: dense cache
     headdim_v: int = 0  # 0: headdim (MLA: the latent dim of v_cache and qv)
-    kv_dtype: str = "bf16"  # "bf16" | "fp8" (float8 e4m3 cache under a bf16 query)
+    # "bf16" | "fp8" (float8 e4m3 cache under a bf16 query) | "fp8_qkv" (q e4m3 too, out bf16)
+    kv_dtype: str = "bf16"
 
     @property
     def dv(self):
@@ -51,7 +53,18 @@ class Case:
 
     @property
     def fp8(self):
-        return self.kv_dtype == "fp8"
+        """The cache is float8 e4m3 (read with k / v descales), under a bf16 or an e4m3 query."""
+        return self.kv_dtype in ("fp8", "fp8_qkv")
+
+    @property
+    def fp8_q(self):
+        """FA3's all-fp8 call: q is e4m3 too (with q_descale)."""
+        return self.kv_dtype == "fp8_qkv"
+
+    @property
+    def dtype_suffix(self):
+        """The suffix of an fp8 row's name and group (" fp8", " fp8_qkv"); bf16 rows have none."""
+        return f" {self.kv_dtype}" if self.fp8 else ""
 
     @property
     def score_dim(self):
@@ -69,23 +82,21 @@ class Case:
         layout = f"p{self.page_size}" if self.page_size else "dense"
         mask = "causal" if self.causal else "full"
         dims = f"d{self.headdim}" + (f"/{self.dv}" if self.dv != self.headdim else "")
-        dtype = " fp8" if self.fp8 else ""
         return (f"{self.kind} b{self.batch} q{self.seqlen_q} k{self.seqlen_k} "
-                f"h{self.heads}/{self.heads_k} {dims} {mask} {layout}{dtype}")
+                f"h{self.heads}/{self.heads_k} {dims} {mask} {layout}{self.dtype_suffix}")
 
     @property
     def group(self):
-        """The plot / summary group: decode by batch and head layout (fp8 apart), prefill by head
-        dim, MLA by batch and heads."""
+        """The plot / summary group: decode by batch and head layout, prefill by head dim, MLA by
+        batch and heads; fp8 rows apart from bf16 ones."""
         if self.kind == "decode":
             dense = "" if self.page_size else " dense"
-            dtype = " fp8" if self.fp8 else ""
-            return f"decode q{self.seqlen_q} h{self.heads}/{self.heads_k} b{self.batch}{dense}{dtype}"
+            return f"decode q{self.seqlen_q} h{self.heads}/{self.heads_k} b{self.batch}{dense}{self.dtype_suffix}"
         if self.is_mla:
             return f"mla q{self.seqlen_q} h{self.heads}/{self.heads_k} b{self.batch}"
         layout = f"p{self.page_size}" if self.page_size else "dense"
         mask = "causal" if self.causal else "full"
-        return f"{self.kind} d{self.headdim} {mask} {layout}"
+        return f"{self.kind} d{self.headdim} {mask} {layout}{self.dtype_suffix}"
 
     def visible_pairs(self):
         """(query, key) pairs that take part, per sequence and head. Causal is bottom-right
@@ -107,8 +118,10 @@ class Case:
         return self.batch * self.seqlen_k * self.heads_k * (self.headdim + self.dv) * KV_BYTES[self.kv_dtype]
 
     def bytes_moved(self):
-        """The cache read once, q (and qv) read and the output written (the memory-bound figure)."""
-        qo = self.batch * self.seqlen_q * self.heads * (self.score_dim + self.dv) * BYTES_BF16
+        """The cache read once, q (and qv) read and the output (bf16) written (the memory-bound
+        figure)."""
+        q_bytes = 1 if self.fp8_q else BYTES_BF16
+        qo = self.batch * self.seqlen_q * self.heads * (self.score_dim * q_bytes + self.dv * BYTES_BF16)
         return self.kv_bytes() + qo
 
     @property
@@ -136,7 +149,7 @@ def decode_cases(batches, contexts, seqlens_q, heads, max_kv_bytes, page_size=16
     return cases
 
 
-def prefill_cases(seqlens, headdims, causals, page_sizes):
+def prefill_cases(seqlens, headdims, causals, page_sizes, kv_dtype="bf16"):
     cases = []
     for page_size in page_sizes:
         for headdim in headdims:
@@ -144,7 +157,8 @@ def prefill_cases(seqlens, headdims, causals, page_sizes):
             for causal in causals:
                 for seqlen in seqlens:
                     batch = max(1, PREFILL_TOKENS // seqlen)
-                    cases.append(Case("prefill", batch, seqlen, seqlen, heads, heads, headdim, causal, page_size))
+                    cases.append(Case("prefill", batch, seqlen, seqlen, heads, heads, headdim, causal, page_size,
+                                      kv_dtype=kv_dtype))
     return cases
 
 
@@ -168,6 +182,10 @@ DENSE_DECODE = decode_cases([1], [8192], [1], (32, 8), 1 << 40, page_size=0)
 # Issue 16: 16 heads (a TP-8 shard, memory bound) at SGLang's page sizes 64 and 1 (its default);
 # 128 heads (the whole model, compute bound).
 MLA_SHAPES = [(64, 16, 64), (64, 16, 1), (128, 128, 64)]
+# Issue 15's all-fp8 prefill (>= 1,000 TFLOP/s at 16k d128 full, >= 1.4x bf16's): 2k and 16k at
+# d128 both masks, 16k full at d64 / d256; each has a bf16 twin in the dense prefill rows above it.
+FP8_PREFILL = (prefill_cases([2048, 16384], [128], [True, False], [0], kv_dtype="fp8_qkv")
+               + prefill_cases([16384], [64, 256], [False], [0], kv_dtype="fp8_qkv"))
 
 
 def default_suite(max_kv_bytes):
@@ -180,6 +198,7 @@ def default_suite(max_kv_bytes):
     cases += mla_cases(MLA_SHAPES, max_kv_bytes)
     cases += prefill_cases(SEQLENS, [64, 128, 256], [True, False], [0])
     cases += prefill_cases(SEQLENS, [128], [True, False], [16, 64])
+    cases += FP8_PREFILL
     cases += extend_cases([(1024, 16384), (2048, 65536), (4096, 131072)])
     return cases
 
@@ -192,6 +211,7 @@ def quick_suite(max_kv_bytes):
     cases += mla_cases(MLA_SHAPES[:1], max_kv_bytes)
     cases += prefill_cases([1024, 8192], [128], [True, False], [0])
     cases += prefill_cases([4096], [128], [True], [16])
+    cases += prefill_cases([8192], [128], [False], [0], kv_dtype="fp8_qkv")
     cases += extend_cases([(2048, 65536)])
     return cases
 
@@ -207,6 +227,7 @@ def tiny_suite():
         Case("prefill", 2, 48, 48, 2, 2, 64, True, 0),
         Case("prefill", 1, 64, 64, 2, 2, 64, False, 0),
         Case("prefill", 1, 64, 64, 2, 2, 64, True, 16),
+        Case("prefill", 1, 64, 64, 2, 2, 64, False, 0, kv_dtype="fp8_qkv"),
         Case("extend", 1, 16, 112, 4, 2, 64, True, 16),
     ]
 

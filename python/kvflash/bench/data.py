@@ -3,15 +3,18 @@
 kvflash's layout is the source of truth: q (b, s_q, h, d); a paged cache (pages, page_size, h_k, d)
 with a page table of randomly ordered pages, or a dense cache (b, s_k, h_k, d). MLA adds qv
 (b, s_q, h, d_v) and a v_cache of d_v; an fp8 case stores the cache as float8 e4m3 with descales
-(b, h_k). Other layouts (contiguous per-sequence K/V gathered from the pages, head-major copies)
-are derived from it on demand, outside any timed region, and cached so that peers share them.
+(b, h_k), an all-fp8 case (FA3's) q too. Other layouts (contiguous per-sequence K/V gathered from
+the pages, head-major copies) are derived from it on demand, outside any timed region, and cached
+so that peers share them.
 """
 
 import torch
 
 # The fp8 cache holds N(0,1) / descale rounded to e4m3. One value per tensor (FlashInfer takes
 # scalar scales); powers of two, so that FlashInfer's bf16 `out *= v_scale` is exact; K's and V's
-# differ, so that a system mixing them up disagrees with the reference.
+# differ, so that a system mixing them up disagrees with the reference. The all-fp8 rows' q the
+# same way, with a descale of its own.
+Q_DESCALE = 0.125
 K_DESCALE = 0.25
 V_DESCALE = 0.5
 
@@ -38,15 +41,17 @@ class Inputs:
         if case.page_size:
             order = torch.randperm(rows[0], generator=generator, device=device)
             self.page_table = order.to(torch.int32).reshape(b, pages_per_seq)
-        self.k_descale = self.v_descale = None
+        self.q_descale = self.k_descale = self.v_descale = None
         if case.fp8:
             self.k_cache, self.k_descale = self._quantised(self.k_cache, K_DESCALE)
             self.v_cache, self.v_descale = self._quantised(self.v_cache, V_DESCALE)
+        if case.fp8_q:
+            self.q, self.q_descale = self._quantised(self.q, Q_DESCALE)
         self._derived = {}
 
-    def _quantised(self, cache, descale):
-        """(cache / descale rounded to e4m3, the (b, h_k) float32 descale that reads it back)."""
-        fp8 = (cache.float() / descale).to(torch.float8_e4m3fn)
+    def _quantised(self, x, descale):
+        """(x / descale rounded to e4m3, the (b, h_k) float32 descale that reads it back)."""
+        fp8 = (x.float() / descale).to(torch.float8_e4m3fn)
         shape = (self.case.batch, self.case.heads_k)
         return fp8, torch.full(shape, descale, dtype=torch.float32, device=self.device)
 
@@ -92,4 +97,4 @@ class Inputs:
     def free(self):
         self._derived.clear()
         self.q = self.qv = self.k_cache = self.v_cache = self.page_table = self.cache_seqlens = None
-        self.k_descale = self.v_descale = None
+        self.q_descale = self.k_descale = self.v_descale = None

@@ -11,8 +11,9 @@ class Kvflash(System):
     """kvflash.flash_attn_interface.flash_attn_with_kvcache with scheduler metadata computed
     beforehand (get_scheduler_metadata) and a preallocated output: the timed call is the GPU work
     plus the binding's launch path. MLA as SGLang calls FA3 (q the rotary part against k_cache,
-    qv the absorbed query against v_cache, the latent cache); fp8 with k_descale / v_descale.
-    softmax_scale is always given (the case's, FA3's default) so that every system uses one."""
+    qv the absorbed query against v_cache, the latent cache); fp8 with k_descale / v_descale, and
+    FA3's all-fp8 call (q e4m3 too) with q_descale and a bf16 output. softmax_scale is always
+    given (the case's, FA3's default) so that every system uses one."""
 
     name = "kvflash"
 
@@ -28,7 +29,7 @@ class Kvflash(System):
     def prepare(self, case, inputs):
         from kvflash.flash_attn_interface import get_scheduler_metadata
 
-        # An fp8 cache is planned with the cache's dtype (contract 5.8).
+        # An fp8 cache is planned with the cache's dtype (contract 5.8); so is the all-fp8 call.
         metadata = get_scheduler_metadata(
             case.batch, case.seqlen_q, case.seqlen_k, case.heads, case.heads_k, case.headdim,
             inputs.cache_seqlens, qkv_dtype=inputs.k_cache.dtype, headdim_v=case.dv,
@@ -40,13 +41,16 @@ class Kvflash(System):
         from kvflash.flash_attn_interface import flash_attn_with_kvcache
 
         b, sq, h = inputs.q.shape[:3]
-        out = torch.empty(b, sq, h, case.dv, dtype=inputs.q.dtype, device=inputs.q.device)
+        out_dtype = torch.bfloat16 if case.fp8_q else inputs.q.dtype  # FA3's all-fp8 call writes bf16
+        out = torch.empty(b, sq, h, case.dv, dtype=out_dtype, device=inputs.q.device)
         q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
         seqlens, page_table = inputs.cache_seqlens, inputs.page_table
         if case.is_mla:
             options["qv"] = inputs.qv
         if case.fp8:
             options.update(k_descale=inputs.k_descale, v_descale=inputs.v_descale)
+        if case.fp8_q:
+            options["q_descale"] = inputs.q_descale
         causal, scale = case.causal, case.softmax_scale
 
         def fn():

@@ -5,7 +5,8 @@ contiguous K/V, gathered from kvflash's pages outside the timed region.
 MLA has no qv argument here; it is run as plain attention of q' = [qv | q] (d 576) against
 k' = [v | k] and v (d_v 512), where the backend takes those dims, and is otherwise not run. An fp8
 cache under a bf16 query is not run: these take q, k and v in one dtype, and a dequantised bf16
-copy would read twice the bytes of the case.
+copy would read twice the bytes of the case. Nor is FA3's all-fp8 call (SDPA_FP8_QKV and
+FLEX_FP8_QKV say why).
 """
 
 import torch
@@ -30,7 +31,23 @@ def _expand_heads(k, v, heads):
     return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
 
 
-def _refuse_fp8(case, name):
+# FA3's all-fp8 call. SDPA: torch 2.11's one fp8 entry is torch/nn/attention/experimental/
+# _scaled_dot_product_attention_quantized.py, running FA3's kernels from an external
+# flash_attn_interface module (flash-attn-3, registered by torch/nn/attention/_fa3.py); cuDNN's fp8
+# attention needs the cudnn frontend's Python package. The device has neither (KINDS.md's package
+# list). FlexAttention compiles fp8 q/k/v on sm89-sm99 (flex_attention.py, _enforce_mem_layouts)
+# but has no descale arguments.
+SDPA_FP8_QKV = ("no all-fp8 call: torch 2.11's one fp8 SDPA (torch.nn.attention.experimental."
+                "_scaled_dot_product_attention_quantized) runs FA3's flash_attn_interface (flash-attn-3), "
+                "not on the device; cuDNN fp8 through its own API: not reachable from torch 2.11 without "
+                "the cudnn frontend Python package, which the device does not have")
+FLEX_FP8_QKV = ("all-fp8 not wired: flex_attention takes e4m3 q/k/v on sm89-sm99 but no q/k/v descales "
+                "(they would have to be folded into its scale and output)")
+
+
+def _refuse_fp8(case, name, all_fp8_reason):
+    if case.fp8_q:
+        raise NotRun(f"{name}: {all_fp8_reason}")
     if case.fp8:
         raise NotRun(f"{name} takes q, k and v in one dtype: no fp8 cache under a bf16 query")
 
@@ -107,7 +124,7 @@ class Sdpa(System):
         return Prepared(fn, _from_heads_major, "; ".join(filter(None, [_mla_note(case), mask_note])))
 
     def prepare(self, case, inputs):
-        _refuse_fp8(case, "SDPA")
+        _refuse_fp8(case, "SDPA", SDPA_FP8_QKV)
         if case.is_mla:
             return self._mla(case, inputs)
         q, k, v = inputs.heads_major()
@@ -195,7 +212,7 @@ class Flex(_FlexBase):
     def prepare(self, case, inputs):
         from torch.nn.attention.flex_attention import create_block_mask
 
-        _refuse_fp8(case, "FlexAttention")
+        _refuse_fp8(case, "FlexAttention", FLEX_FP8_QKV)
         q, k, v = inputs.mla_heads_major() if case.is_mla else inputs.heads_major()
         block_mask = None
         if case.causal and case.seqlen_q > 1:
@@ -229,7 +246,7 @@ class FlexPaged(_FlexBase):
     def prepare(self, case, inputs):
         if case.kind != "decode" or not case.page_size:
             raise NotRun("flex-paged runs the paged decode cases only")
-        _refuse_fp8(case, "FlexAttention")
+        _refuse_fp8(case, "FlexAttention", FLEX_FP8_QKV)
         from torch.nn.attention.experimental._paged_attention import PagedAttention
         from torch.nn.attention.flex_attention import create_block_mask, noop_mask
 

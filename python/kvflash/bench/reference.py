@@ -1,9 +1,9 @@
-"""The float32 torch reference of the MLA and fp8-cache rows.
+"""The float32 torch reference of the MLA and fp8 rows.
 
 No peer takes those inputs as kvflash does and could check it (SDPA and FlexAttention have no qv
-and no fp8 cache under a bf16 query; FlashInfer runs on CUDA only), so every system, kvflash
-included, is compared with this instead of with kvflash's output. It reads the caches gathered
-from the pages, dequantised (fp8 value times its descale, exact in float32), and computes
+and no fp8 inputs; FlashInfer runs on CUDA only), so every system, kvflash included, is compared
+with this instead of with kvflash's output. It reads the caches gathered from the pages, and an
+all-fp8 row's q, dequantised (fp8 value times its descale, exact in float32), and computes
 softmax(scale * (q.k [+ qv.v])) v with the query heads grouped over their KV head (no copy of
 the cache per query head).
 """
@@ -26,6 +26,8 @@ def float_reference(case, inputs):
         return t.float().reshape(b, sq, hk, h // hk, t.shape[-1])
 
     q = grouped(inputs.q)
+    if case.fp8_q:  # q_descale is (b, h_k), as FA3's: one value per KV head's query group
+        q = q * inputs.q_descale[:, None, :, None, None]
     qv = grouped(inputs.qv) if case.is_mla else None
     rows = max(1, SCORE_BYTES // (4 * b * h * case.seqlen_k))
     blocks = [_block(case, q, qv, k, v, first, min(first + rows, sq)) for first in range(0, sq, rows)]

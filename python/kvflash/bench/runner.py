@@ -25,6 +25,11 @@ from .system import NotRun, describe
 FATAL_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure", "illegal instruction",
                      "misaligned address", "device-side assert")
 TOLERANCE = 2e-2  # max |out - reference| for bf16 outputs of N(0,1) data (different summation orders)
+# All-fp8 rows: FA3-style kernels (FlashInfer's fa3, FA3's own) round P to e4m3 (2^-4 relative)
+# before P.V. A float64 emulation of that on these rows' data is off by up to 0.06 (a causal row's
+# first queries, few keys: fp8 decode's 0.02 and the fp8 tests' 0.03 would call it a mismatch); a
+# dropped descale is off by more than 0.2 (test_bench_driver.py).
+FP8_QKV_TOLERANCE = 0.1
 STAGE_SHARE = {1: 0.3, 2: 0.2}  # budget share kept for each later stage that has systems
 
 
@@ -58,6 +63,10 @@ def compare(out, reference):
     finite = bool(torch.isfinite(out).all())
     diff = (out - reference.float()).abs().max().item() if out.shape == reference.shape else float("inf")
     return diff, finite
+
+
+def tolerance(case):
+    return FP8_QKV_TOLERANCE if case.fp8_q else TOLERANCE
 
 
 class Suite:
@@ -212,7 +221,7 @@ class Suite:
         if row.reference not in ("kvflash", float_ref.NAME):
             row.note += f"; checked against {row.reference} (kvflash did not run)"
         row.max_abs_diff, finite = compare(out, reference)
-        row.status = "ok" if finite and row.max_abs_diff <= TOLERANCE else "mismatch"
+        row.status = "ok" if finite and row.max_abs_diff <= tolerance(row.case) else "mismatch"
         if not finite:
             row.note += "; output has NaN/Inf"
 
