@@ -16,7 +16,9 @@ class FlashInfer(System):
     """BatchDecodeWithPagedKVCacheWrapper for paged single-token decode (also over the fp8 cache,
     planned with kv_data_type float8_e4m3fn, k_scale / v_scale the per-tensor descales),
     BatchPrefillWithPagedKVCacheWrapper for paged prefill / extend / multi-token decode,
-    BatchPrefillWithRaggedKVCacheWrapper for dense prefill, mla.BatchMLAPagedAttentionWrapper for
+    BatchPrefillWithRaggedKVCacheWrapper for dense prefill (also FA3's all-fp8 call: planned with
+    q / kv data type float8_e4m3fn and o_data_type bf16, the per-tensor q / k / v descales passed
+    as its scale_q / scale_k / scale_v, fa3 backend only), mla.BatchMLAPagedAttentionWrapper for
     MLA (q_nope = qv, q_pe = q, ckv / kpe caches = kvflash's v / k caches without the head axis);
     plan() outside timing. The attention backend is FlashInfer's own choice for the GPU ("auto":
     fa3 on Hopper, for MLA too). The kernels it needs are built in a background thread from the
@@ -46,10 +48,9 @@ class FlashInfer(System):
 
     # --- kernels ---------------------------------------------------------------------------
 
-    def _prefill_backend(self, headdim):
+    def _prefill_backend(self, headdim, dtype):
         from flashinfer.utils import determine_attention_backend
 
-        dtype = torch.bfloat16
         return determine_attention_backend(torch.device("cuda"), 0, False, False, dtype, dtype,
                                            head_dim_qk=headdim, head_dim_vo=headdim)
 
@@ -61,7 +62,9 @@ class FlashInfer(System):
             return ("mla", determine_mla_backend(torch.device("cuda")), f"{case.headdim}/{case.dv}")
         if case.page_size and case.seqlen_q == 1:
             return ("decode fp8" if case.fp8 else "decode", "fa2", case.headdim)
-        return ("prefill", self._prefill_backend(case.headdim), case.headdim)
+        if case.fp8_q:
+            return ("prefill fp8", self._prefill_backend(case.headdim, torch.float8_e4m3fn), case.headdim)
+        return ("prefill", self._prefill_backend(case.headdim, torch.bfloat16), case.headdim)
 
     def _spec(self, key):
         """The JitSpec plan() would build for the key (same arguments, so plan() loads it)."""
@@ -76,7 +79,8 @@ class FlashInfer(System):
         if kind.startswith("decode"):
             kv = torch.float8_e4m3fn if kind == "decode fp8" else bf16
             return gen_batch_decode_module(bf16, kv, bf16, torch.int32, d, d, 0, False, False)
-        return gen_batch_prefill_module(backend, bf16, bf16, bf16, torch.int32, d, d, 0, False, False, False)
+        qkv = torch.float8_e4m3fn if kind == "prefill fp8" else bf16
+        return gen_batch_prefill_module(backend, qkv, qkv, bf16, torch.int32, d, d, 0, False, False, False)
 
     def start(self, cases):
         """One build thread per kernel module (each nvcc build is a separate ninja run)."""
@@ -133,11 +137,15 @@ class FlashInfer(System):
         return self._wrappers[key]
 
     def prepare(self, case, inputs):
-        if case.fp8 and not (case.page_size and case.seqlen_q == 1):
+        if case.fp8 and not case.fp8_q and not (case.page_size and case.seqlen_q == 1):
             raise NotRun("the fp8 cache is benchmarked on FlashInfer's paged single-token decode only")
+        if case.fp8_q and case.page_size:
+            raise NotRun("FA3's all-fp8 call is benchmarked on FlashInfer's ragged (dense) prefill only")
         if case.is_mla and not case.page_size:
             raise NotRun("FlashInfer's MLA wrapper takes a paged cache only")
         key = self._module_key(case)
+        if case.fp8_q and key[1] != "fa3":  # jit/attention/modules.py asserts fp8 q off fa3
+            raise NotRun(f"FlashInfer runs e4m3 q/k/v prefill on its fa3 backend (sm90a) only, not {key[1]}")
         if key not in self._built:
             raise NotRun(f"kernel {key} not built: JIT build not finished within the time budget")
         if self._built[key] is not None:
@@ -212,23 +220,33 @@ class FlashInfer(System):
         wrapper = self._wrapper("BatchPrefillWithRaggedKVCacheWrapper", backend)
         qo_indptr = torch.arange(case.batch + 1, dtype=torch.int32, device="cuda") * case.seqlen_q
         kv_indptr = torch.arange(case.batch + 1, dtype=torch.int32, device="cuda") * case.seqlen_k
+        # The all-fp8 call writes bf16, as FA3's (FlashInfer's default output type would be q's).
         wrapper.plan(qo_indptr, kv_indptr, case.heads, case.heads_k, case.headdim, causal=case.causal,
-                     q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+                     sm_scale=case.softmax_scale, q_data_type=inputs.q.dtype, kv_data_type=inputs.k_cache.dtype,
+                     o_data_type=torch.bfloat16)
         flat = (case.batch * case.seqlen_k, case.heads_k, case.headdim)
         return self._ragged_call(wrapper, case, inputs, (inputs.k_cache.reshape(flat), inputs.v_cache.reshape(flat)),
                                  backend)
 
     def _ragged_call(self, wrapper, case, inputs, kv, backend):
         q = inputs.q.reshape(case.batch * case.seqlen_q, case.heads, case.headdim)
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
         paged = len(kv) == 2 and kv[0].dim() == 4
+        note = f"backend {backend}, plan() outside timing"
+        # The all-fp8 ragged run takes scale_q / scale_k / scale_v positionally (prefill.py,
+        # BatchPrefillWithRaggedKVCacheWrapper.run's *args): the descales (FA3's kernel multiplies
+        # by them), as scalars since they are per tensor (data.py).
+        scales = ()
+        if case.fp8_q:
+            scales = tuple(d[0, 0].item() for d in (inputs.q_descale, inputs.k_descale, inputs.v_descale))
+            note += "; e4m3 q/k/v with scale_q / scale_k / scale_v scalars, bf16 out"
 
         def fn():
             if paged:
                 return wrapper.run(q, kv, out=out)
-            return wrapper.run(q, kv[0], kv[1], out=out)
+            return wrapper.run(q, kv[0], kv[1], *scales, out=out)
 
-        return Prepared(fn, lambda o: o.reshape(inputs.q.shape), f"backend {backend}, plan() outside timing")
+        return Prepared(fn, lambda o: o.reshape(inputs.q.shape), note)
 
 
 class FlashAttention4(System):
@@ -252,7 +270,7 @@ class FlashAttention4(System):
         from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
 
         if case.is_mla or case.fp8:
-            raise NotRun("MLA (qv) and fp8-cache rows are not wired for flash_attn.cute in this bench")
+            raise NotRun("MLA (qv) and fp8 rows are not wired for flash_attn.cute in this bench")
         q, k, v, causal = inputs.q, inputs.k_cache, inputs.v_cache, case.causal
         if case.page_size:
             seqused, table = inputs.cache_seqlens, inputs.page_table
