@@ -443,7 +443,8 @@ def test_all_fp8_prefill_on_the_cpu_matches_a_float64_reference(causal):
 
 def test_all_fp8_rows_peers_and_report(tmp_path):
     """On the all-fp8 tiny row SDPA and FlexAttention say why they do not run, FlashInfer needs
-    CUDA; the CSV keeps kv_dtype fp8_qkv."""
+    CUDA; the CSV keeps kv_dtype fp8_qkv and the markdown sets kvflash's fp8 TFLOP/s beside its
+    bf16 twin's."""
     out = tmp_path / "out"
     code = cli.main(["--device", "cpu", "--tiny", "--cases", "prefill b1 q64 k64 h2/2 d64 full dense",
                      "--peers", "kvflash,sdpa-math,flex,flashinfer", "--min-reps", "2", "--max-reps", "2",
@@ -460,3 +461,6 @@ def test_all_fp8_rows_peers_and_report(tmp_path):
     assert "_scaled_dot_product_attention_quantized" in table[(name, "sdpa-math")]["note"]
     assert table[(name, "flex")]["status"] == "not run" and "descales" in table[(name, "flex")]["note"]
     assert table[(name, "flashinfer")]["status"] == "not run" and "CUDA" in table[(name, "flashinfer")]["note"]
+    text = (out / "results.md").read_text()
+    assert "### kvflash all-fp8 vs bf16 prefill (same shape, this run)" in text
+    assert f"| {name} | " in text.split("### kvflash all-fp8 vs bf16")[1]

@@ -1,12 +1,16 @@
 """Results: results.csv (one row per case and system), results.md (tables per kind, failures),
 decode.png (K/V bandwidth vs context, one line per system, one panel per batch; fp8-cache rows in
 panels of their own) and prefill.png (TFLOP/s vs sequence length, one line per system, one panel
-per head dim / mask / layout), each stamped with the commit and the GPU. MLA rows (one context
-each) are in the tables only."""
+per head dim / mask / layout, all-fp8 rows apart), each stamped with the commit and the GPU. MLA
+rows (one context each) are in the tables only; all-fp8 prefill rows also in a table beside their
+bf16 twins."""
 
 import csv
+import dataclasses
 import math
 import os
+
+from .runner import FP8_QKV_TOLERANCE, TOLERANCE
 
 CSV_FIELDS = [
     "commit", "gpu", "kind", "case", "batch", "seqlen_q", "seqlen_k", "heads", "heads_k", "headdim",
@@ -162,19 +166,21 @@ def markdown(results):
         f"matmul **{_sig(m['matmul_flops_per_s'] / 1e12)} TFLOP/s** ({m['matmul_what']}). "
         "% ceiling: decode = bytes moved (K/V cache in its dtype + q + out) per second / copy bandwidth; "
         "prefill / extend = attention FLOPs (4·b·h·d per visible query-key pair, causal bottom-right) "
-        "per second / matmul; MLA (d 64 + d_v 512 scores, d_v 512 values) by the bound of the row: "
+        "per second / matmul (all-fp8 rows too: bf16's, and fp8 tensor cores peak at twice it); "
+        "MLA (d 64 + d_v 512 scores, d_v 512 values) by the bound of the row: "
         "bytes (latent + rotary cache + q, qv, out) below 206 FLOP per cache byte, else FLOPs "
         "(2·b·h·(576 + 512) per pair).",
         "",
         f"Method: {m['method']}", "",
         "Cells: median time per call and GB/s (decode, memory-bound MLA) or TFLOP/s (prefill, extend, "
         "compute-bound MLA). kvflash speedup = best peer's time / kvflash's time (> 1: kvflash faster); "
-        "the best peer is the fastest whose output agreed with the reference (max |diff| <= 0.02): "
-        "kvflash's output, or for MLA and fp8-cache rows a float32 torch reference that kvflash is "
-        "checked against too.", "",
+        f"the best peer is the fastest whose output agreed with the reference (max |diff| <= {TOLERANCE}; "
+        f"{FP8_QKV_TOLERANCE} on all-fp8 rows, whose P FA3-style kernels round to e4m3): kvflash's output, "
+        "or for MLA and fp8 rows a float32 torch reference that kvflash is checked against too.", "",
     ]
     for kind in ("decode", "mla", "prefill", "extend"):
         lines += _kind_table(results, kind)
+    lines += _fp8_twin_table(results)
     lines += _host_work_table(results)
     failures = _failures(results)
     lines += ["### Not run, errors and disagreements", ""] + (failures or ["- none"]) + [""]
@@ -182,6 +188,22 @@ def markdown(results):
     lines += ["### Setup time (compile / JIT / plan + first call, outside the timings)", ""]
     lines += _setup_totals(results) + [f"- {line}" for line in m.get("build", [])] + [""]
     return "\n".join(lines)
+
+
+def _fp8_twin_table(results):
+    """Issue 15: kvflash's TFLOP/s on each all-fp8 prefill row against its bf16 twin's (the same
+    shape in the same run), where both agreed with their reference."""
+    lines = []
+    for case in (c for c in results.cases if c.fp8_q):
+        twin = dataclasses.replace(case, kv_dtype="bf16")
+        rows = [results.by_case.get(c, {}).get("kvflash") for c in (case, twin)]
+        if all(r is not None and r.status == "ok" for r in rows):
+            fp8, bf16 = (results.figure(r)[1] for r in rows)
+            lines.append(f"| {case.name} | {_sig(fp8)} | {_sig(bf16)} | {fp8 / bf16:.2f}x |")
+    if not lines:
+        return []
+    return ["### kvflash all-fp8 vs bf16 prefill (same shape, this run)", "",
+            "| case | fp8 TF/s | bf16 TF/s | fp8 / bf16 |", "|---|---|---|---|"] + lines + [""]
 
 
 def _host_work_table(results):
