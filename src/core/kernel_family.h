@@ -60,12 +60,14 @@ KVFLASH_HD constexpr bool sm90_page_fits(int page_size, int headdim) {
 }
 
 // The cache layouts the sm90 kernels read: dense, or without leftpad pages of whole key blocks,
-// or (unless opted out) any page size sm90_page_fits.
+// or (unless opted out) any page size sm90_page_fits. The key block is the wider head dim's, as
+// the kernels' (src/cuda/sm90/prefill.h prefill_block_n) and the Plan's tile (family_tile).
 KVFLASH_HD constexpr bool sm90_reads_pages(const FamilyInputs& in) {
   if (in.page_size == 0) return true;
   if (in.has_leftpad) return false;
-  return in.page_size % sm90_block_n(in.headdim) == 0 ||
-         (in.sm90_small_pages && sm90_page_fits(in.page_size, in.headdim));
+  const int widest = in.headdim > in.headdim_v ? in.headdim : in.headdim_v;
+  return in.page_size % sm90_block_n(widest) == 0 ||
+         (in.sm90_small_pages && sm90_page_fits(in.page_size, widest));
 }
 
 // The head dims the sm90 family is compiled at (src/cuda/instantiations.def): FA3's, d == d_v in

@@ -4,10 +4,10 @@
 #include "random_case.h"
 
 #include <algorithm>
-#include <tuple>
 #include <cmath>
 #include <numeric>
 #include <sstream>
+#include <tuple>
 
 #include "scalar_types.h"
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/heuristics.h"
@@ -220,6 +221,20 @@ TEST(KernelFamily, EveryFp8HeadDimHasAnInstantiation) {
       }
     }
   }
+}
+
+// The GPU runner's sm90 draws (oracle::sm90_prefill_limits, kept apart from the rule so that the
+// oracle does not read the kernels' choices) are exactly the head dims the sm90 family takes.
+TEST(KernelFamily, Sm90DrawsAreTheFamilysHeadDims) {
+  std::set<std::pair<int, int>> drawn;
+  for (const auto& dims : oracle::sm90_prefill_limits().head_dims) drawn.insert(dims);
+  std::set<std::pair<int, int>> taken;
+  for (int d = 8; d <= 512; d += 8) {
+    for (int dv = 8; dv <= 512; dv += 8) {
+      if (core::sm90_head_dims(d, dv)) taken.insert({d, dv});
+    }
+  }
+  EXPECT_EQ(drawn, taken);
 }
 
 // Calls the sm90 family takes, one condition changed at a time.
