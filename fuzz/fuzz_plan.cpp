@@ -57,7 +57,7 @@ PlanKey any_key(fuzz::CallBuilder& call, FuzzedDataProvider& in) {
   }
   k.dtype = static_cast<DType>(in.ConsumeIntegralInRange(0, 5));
   k.varlen_q = in.ConsumeBool(), k.has_leftpad = in.ConsumeBool(), k.causal = in.ConsumeBool();
-  k.has_softcap = in.ConsumeBool(), k.has_qv = in.ConsumeBool();
+  k.has_softcap = in.ConsumeBool(), k.has_qv = in.ConsumeBool(), k.fp8_query = in.ConsumeBool();
   return k;
 }
 

@@ -24,6 +24,7 @@ struct PlanKey {
   int headdim = 0;
   int headdim_v = 0;
   DType dtype = DType::bf16;  // the KV cache's: e4m3 for an fp8 cache, also under a 16-bit q
+  bool fp8_query = false;    // q itself e4m3 (FA3's all-fp8 call), which dtype alone cannot tell
   int page_size = 0;         // 0: not paged
   int max_seqlen_k_new = 0;  // 0: no new K/V appended (the planner keeps only 0 / 1)
   bool varlen_q = false;     // cu_seqlens_q given

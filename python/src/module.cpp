@@ -218,6 +218,7 @@ void bind_plan(nb::module_& m) {
       .def_ro("headdim", &PlanKey::headdim)
       .def_ro("headdim_v", &PlanKey::headdim_v)
       .def_prop_ro("dtype", [](const PlanKey& k) { return static_cast<int>(k.dtype); })
+      .def_ro("fp8_query", &PlanKey::fp8_query)
       .def_ro("page_size", &PlanKey::page_size)
       .def_ro("max_seqlen_k_new", &PlanKey::max_seqlen_k_new)
       .def_ro("varlen_q", &PlanKey::varlen_q)

@@ -162,6 +162,7 @@ FamilyInputs family_inputs(const PlanKey& key) {
   in.page_size = key.page_size;
   in.has_leftpad = key.has_leftpad;
   in.has_qv = key.has_qv;
+  in.fp8_query = key.fp8_query;
   // The switches (core/env_switch.h), read only on sm_90 where they decide: KVFLASH_SM90=0 keeps
   // every call on the portable kernels (to compare with, or fall back to); KVFLASH_SM90_SMALL_PAGES=0
   // sends pages smaller than a key block back to them (on since session 7's H200 run);
@@ -174,6 +175,9 @@ FamilyInputs family_inputs(const PlanKey& key) {
   // KVFLASH_SM90_SMALL_TILES=0 keeps short prompts off the sm90 small-tile kernel (on since
   // session 16's H100 run).
   in.sm90_small_tiles = sm90 && env_switch_on("KVFLASH_SM90_SMALL_TILES");
+  // KVFLASH_SM90_FP8=1 sends FA3's all-fp8 prefill calls to the sm90 family's fp8 kernel: opt-in,
+  // as that kernel has not run on a GPU yet (the portable kernels stay the default).
+  in.sm90_fp8 = sm90 && env_opted_in("KVFLASH_SM90_FP8");
   const MaskShape mask = normalise_mask(key);
   in.middle_row_keys = middle_row_keys(key, mask);
   // The sm90 kernels run one split: a call that asks for more, or that FA3's rule would split at

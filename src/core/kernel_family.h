@@ -38,6 +38,11 @@ struct FamilyInputs {
   // The sm90 family's small tiles for short prompts (sm90_small_tiles()): on unless
   // KVFLASH_SM90_SMALL_TILES=0 (family_inputs()).
   bool sm90_small_tiles = false;
+  // FA3's all-fp8 call: the query itself is e4m3 (a 16-bit query over an fp8 cache is not).
+  bool fp8_query = false;
+  // The sm90 family's fp8 prefill kernel for the all-fp8 call: off unless KVFLASH_SM90_FP8=1
+  // (family_inputs(); it has not run on a GPU yet, so the portable kernels stay the default).
+  bool sm90_fp8 = false;
   // Keys the middle query row attends to under the mask (family_inputs(): the static extent, the
   // normalised window): a query tile's average work.
   int middle_row_keys = 0;
@@ -76,12 +81,19 @@ KVFLASH_HD constexpr bool sm90_head_dims(int d, int dv) {
   return (d == dv && (d == 64 || d == 96 || d == 128 || d == 192 || d == 256)) || (d == 192 && dv == 128);
 }
 
-// The calls the sm90 family's kernels take: fp16 / bf16, sm90_head_dims exactly (other widths
-// are the portable kernels', which zero-pad), no qv, at least 64 query rows (shorter ones are the
-// sm80 decode / prefill kernels' work), one split, a cache layout sm90_reads_pages.
+// The head dims of the sm90 family's fp8 kernel (src/cuda/instantiations.def's sm90 e4m3 rows):
+// d == d_v in {64, 128, 256}, fp8's own widths.
+KVFLASH_HD constexpr bool sm90_fp8_head_dims(int d, int dv) { return d == dv && (d == 64 || d == 128 || d == 256); }
+
+// The calls the sm90 family's kernels take: fp16 / bf16 at sm90_head_dims exactly (other widths
+// are the portable kernels', which zero-pad), or (opted in) FA3's all-fp8 call at
+// sm90_fp8_head_dims (a 16-bit query over an fp8 cache stays on the portable kernels); no qv, at
+// least 64 query rows (shorter ones are the sm80 decode / prefill kernels' work), one split, a
+// cache layout sm90_reads_pages.
 KVFLASH_HD constexpr bool sm90_takes(const FamilyInputs& in) {
-  return in.sixteen_bit && sm90_head_dims(in.headdim, in.headdim_v) && !in.has_qv && in.max_seqlen_q >= 64 &&
-         in.one_split && sm90_reads_pages(in);
+  const bool compiled = in.sixteen_bit ? sm90_head_dims(in.headdim, in.headdim_v)
+                                       : in.sm90_fp8 && in.fp8_query && sm90_fp8_head_dims(in.headdim, in.headdim_v);
+  return compiled && !in.has_qv && in.max_seqlen_q >= 64 && in.one_split && sm90_reads_pages(in);
 }
 
 // The sm90 family's small-tile kernel (src/cuda/sm90/prefill.h, rung 6): 64 x 64 tiles, two CTAs
@@ -90,14 +102,15 @@ KVFLASH_HD constexpr bool sm90_takes(const FamilyInputs& in) {
 // 0.176 -> 0.155 ms, full 0.211 -> 0.205, b16 x 1024 causal 0.230 -> 0.216 (512 keys per row on
 // average), but b16 x 1024 full 0.309 -> 0.321 and b1 x 16k 20% slower): so at most 512 keys for
 // the middle query row, prompts of up to 1,024 tokens, head dim <= 128 (two CTAs' tiles fit in
-// shared memory), over any cache layout the family reads (pages of 8-64 keys: one copy per page).
+// shared memory), over any cache layout the family reads (pages of 8-64 keys: one copy per page);
+// 16-bit calls only (the fp8 kernel is built as rung 3's 128-row shape alone).
 constexpr int kSm90SmallTile = 64;
 constexpr int kSm90SmallTileMaxHeadDim = 128;
 constexpr int kSm90SmallTileMaxSeqlenQ = 1024;
 constexpr int kSm90SmallTileMaxKeys = 512;
 KVFLASH_HD constexpr bool sm90_small_tiles(const FamilyInputs& in) {
   const int widest = round_up_headdim(in.headdim > in.headdim_v ? in.headdim : in.headdim_v);
-  return in.sm90_small_tiles && widest <= kSm90SmallTileMaxHeadDim && in.max_seqlen_q <= kSm90SmallTileMaxSeqlenQ &&
+  return in.sm90_small_tiles && in.sixteen_bit && widest <= kSm90SmallTileMaxHeadDim && in.max_seqlen_q <= kSm90SmallTileMaxSeqlenQ &&
          in.middle_row_keys <= kSm90SmallTileMaxKeys;
 }
 
@@ -128,8 +141,8 @@ KVFLASH_HD constexpr bool sm90_mla_takes(const FamilyInputs& in) {
 }
 
 // Rows, first match wins: the Hopper families on sm_90 (their kernels are sm_90a code) for the
-// calls they take, the portable sm80 kernels on every other GPU and call (fp8 among them: the
-// Hopper families take only 16-bit calls).
+// calls they take, the portable sm80 kernels on every other GPU and call (fp8 among them, but for
+// the all-fp8 prefill calls the sm90 family takes when opted in).
 KVFLASH_HD constexpr KernelFamily kernel_family(const FamilyInputs& in) {
   if (in.arch == 0) return KernelFamily::cpu;
   if (in.arch == 90 && in.sm90_enabled && sm90_takes(in)) return KernelFamily::sm90;

@@ -228,6 +228,7 @@ std::string first_difference(const PlanKey& plan_key, const PlanKey& call_key) {
   field("headdim", p.headdim, c.headdim, plain);
   field("headdim_v", p.headdim_v, c.headdim_v, plain);
   field("dtype", p.dtype, c.dtype, plain);
+  field("fp8_query (q float8_e4m3fn)", p.fp8_query, c.fp8_query, plain);
   field("page_size", p.page_size, c.page_size, show_page_size);
   field("max_seqlen_k_new", p.max_seqlen_k_new, c.max_seqlen_k_new, show_knew);
   field("varlen_q (cu_seqlens_q given)", p.varlen_q, c.varlen_q, plain);

@@ -84,6 +84,7 @@ PlanKey plan_key(const Problem& p, const DeviceInfo& info) {
   // The KV cache's dtype decides the kernels: a 16-bit query over an fp8 cache plans as fp8 (the
   // sm80 family on every GPU, core/kernel_family.h; 1-byte K/V in the split heuristics).
   raw.dtype = p.fp8_cache ? DType::e4m3 : p.dtype;
+  raw.fp8_query = p.fp8;  // FA3's all-fp8 call, which the sm90 family takes when opted in
   raw.page_size = p.paged ? p.page_size : 0;
   raw.max_seqlen_k_new = p.has_knew ? 1 : 0;
   raw.varlen_q = p.varlen_q;

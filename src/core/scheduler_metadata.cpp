@@ -174,6 +174,9 @@ PlanKey scheduler_key(const SchedulerArgs& a) {
   raw.headdim = a.headdim;
   raw.headdim_v = a.headdim_v.value_or(a.headdim);
   raw.dtype = a.qkv_dtype;
+  // FA3's one qkv_dtype: e4m3 plans the all-fp8 call (a 16-bit query over an fp8 cache has
+  // fp8_query false: contract 6.5).
+  raw.fp8_query = a.qkv_dtype == DType::e4m3;
   raw.page_size = a.page_size.value_or(0);
   raw.max_seqlen_k_new = a.max_seqlen_k_new;
   raw.varlen_q = a.cu_seqlens_q.has_value();

@@ -480,6 +480,7 @@ TEST(PlanKeys, FirstDifferenceNamesEveryField) {
       {"headdim (", [](PlanKey& k) { k.headdim = 64; }},
       {"headdim_v", [](PlanKey& k) { k.headdim_v = 64; }},
       {"dtype", [](PlanKey& k) { k.dtype = DType::f16; }},
+      {"fp8_query", [](PlanKey& k) { k.fp8_query = true; }},
       {"page_size", [](PlanKey& k) { k.page_size = 16; }},
       {"max_seqlen_k_new", [](PlanKey& k) { k.max_seqlen_k_new = 1; }},
       {"varlen_q", [](PlanKey& k) { k.varlen_q = true; }},
@@ -506,6 +507,9 @@ TEST(PlanKeys, FirstDifferenceNamesEveryField) {
   call = base;
   call.arch = 0;
   EXPECT_EQ(first_difference(base, call), "arch (plan made for sm90, call has CPU)");
+  call = base;
+  call.fp8_query = true;
+  EXPECT_EQ(first_difference(call, base), "fp8_query (q float8_e4m3fn) (plan made for true, call has false)");
 }
 
 TEST(PlanKeys, CanonicalKeyFoldsEquivalentRequests) {
@@ -571,6 +575,35 @@ TEST(SchedulerMetadata, MatchesTheCallAndReadsLengths) {
   args.window_left = 10;
   expect_error([&] { accept_plan(get_scheduler_metadata(args), p); },
                {"window_left (plan made for 10, call has -1), which changes"});
+}
+
+// get_scheduler_metadata's one qkv_dtype: e4m3 plans FA3's all-fp8 call (PlanKey::fp8_query), so
+// its key is the all-fp8 call's exactly; a 16-bit query over the same fp8 cache differs in
+// fp8_query alone, accepted where the decisions agree (here the CPU's; refused where they differ:
+// PlanCompatibility.Fp8QueryRefusedWhereTheSm90Fp8KernelWouldRun).
+TEST(SchedulerMetadata, Fp8QkvDtypeMeansTheAllFp8Call) {
+  SchedulerArgs args;
+  args.batch_size = 2;
+  args.max_seqlen_q = 4;
+  args.max_seqlen_k = 1024;
+  args.num_heads_q = 8;
+  args.num_heads_kv = 2;
+  args.headdim = 64;
+  args.qkv_dtype = DType::e4m3;
+  const Plan plan = get_scheduler_metadata(args);
+  EXPECT_TRUE(plan.key.fp8_query);
+  args.qkv_dtype = DType::bf16;
+  EXPECT_FALSE(get_scheduler_metadata(args).key.fp8_query);
+
+  Problem all_fp8 = dense_problem(2, 4, 1024, device_info(Device{}));  // the CPU's threads, as the plan's
+  all_fp8.dtype = DType::e4m3, all_fp8.fp8 = all_fp8.fp8_cache = true;
+  rekey(all_fp8);
+  EXPECT_EQ(first_difference(plan.key, all_fp8.key), "");
+  Problem mixed = all_fp8;
+  mixed.dtype = DType::bf16, mixed.fp8 = false;
+  rekey(mixed);
+  EXPECT_EQ(first_difference(plan.key, mixed.key), "fp8_query (q float8_e4m3fn) (plan made for true, call has false)");
+  expect_same_plan(accept_plan(plan, mixed), make_plan(mixed));
 }
 
 TEST(SchedulerMetadata, RejectsBadArguments) {

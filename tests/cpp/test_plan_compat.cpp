@@ -13,6 +13,7 @@
 #include "core/problem.h"
 #include "kvflash/errors.h"
 #include "kvflash/kvflash.h"
+#include "cpp/scoped_env.h"
 #include "test_plan_util.h"
 
 namespace kvflash::core {
@@ -66,6 +67,15 @@ Problem hopper_fp8_local_call() {
   return p;
 }
 
+// FA3's all-fp8 call (e4m3 q and caches) on sm90, decode-shaped: the sm80 family's, opted in or not.
+Problem hopper_all_fp8_call() {
+  Problem p = dense_problem(2, 4, 1024, kHopper);
+  p.dtype = DType::e4m3;
+  p.fp8 = p.fp8_cache = true;
+  rekey(p);
+  return p;
+}
+
 // A plan made by get_scheduler_metadata-style planning for `call`'s key with one field changed.
 Plan plan_for_changed_key(const Problem& call, void (*change)(PlanKey&)) {
   PlanKey key = call.key;
@@ -108,6 +118,7 @@ const Case kCases[] = {
     {"headdim_v", cpu_call, [](PlanKey& k) { k.headdim_v = 256; }, "block_m"},
     {"dtype", cpu_call, [](PlanKey& k) { k.dtype = DType::f16; }, nullptr},
     {"dtype", hopper_call, [](PlanKey& k) { k.dtype = DType::e4m3; }, nullptr},  // no decision changes: see kGpuFamilies
+    {"fp8_query", hopper_all_fp8_call, [](PlanKey& k) { k.fp8_query = false; }, nullptr},  // refused: see below
     {"page_size", cpu_call, [](PlanKey& k) { k.page_size = 16; }, nullptr},
     {"page_size", hopper_call, [](PlanKey& k) { k.page_size = 16; }, nullptr},  // no decision changes: see kGpuFamilies
     {"max_seqlen_k_new", cpu_call, [](PlanKey& k) { k.max_seqlen_k_new = 1; }, nullptr},
@@ -167,7 +178,7 @@ TEST(PlanCompatibility, EveryFieldOnBothSides) {
 TEST(PlanCompatibility, EveryFieldHasACase) {
   // Each PlanKey field (first_difference's names) has its rows in kCases.
   const char* fields[] = {"batch", "max_seqlen_q", "max_seqlen_k", "num_heads", "num_heads_k",
-                          "headdim", "headdim_v", "dtype", "page_size", "max_seqlen_k_new",
+                          "headdim", "headdim_v", "dtype", "fp8_query", "page_size", "max_seqlen_k_new",
                           "varlen_q", "has_leftpad", "causal", "window_left", "window_right",
                           "attention_chunk", "has_softcap", "has_qv", "num_splits", "pack_gqa",
                           "sm_margin", "num_sms", "arch"};
@@ -177,13 +188,34 @@ TEST(PlanCompatibility, EveryFieldHasACase) {
       if (std::string(c.field) != field) continue;
       (c.refused_decision ? refused : accepted) = true;
     }
-    // Fields that feed no static decision of today's families (kGpuFamilies): accepted only.
-    const std::set<std::string> accept_only = {"dtype", "page_size", "max_seqlen_k_new",
+    // Fields that feed no static decision of today's families (kGpuFamilies): accepted only;
+    // fp8_query refuses only when opted in (Fp8QueryRefusedWhereTheSm90Fp8KernelWouldRun).
+    const std::set<std::string> accept_only = {"dtype", "fp8_query", "page_size", "max_seqlen_k_new",
                                                "varlen_q", "has_leftpad", "has_softcap",
                                                "pack_gqa", "arch"};
     EXPECT_TRUE(refused || accept_only.count(field)) << field;
     EXPECT_TRUE(accepted || std::string(field) == "batch") << field;  // must be equal
   }
+}
+
+// Metadata made with qkv_dtype e4m3 (fp8_query: FA3's all-fp8 call) given to a 16-bit query over
+// the same fp8 cache: with KVFLASH_SM90_FP8=1 a prefill the sm90 fp8 kernel takes is planned at its
+// tile for the metadata, at the sm80 kernels' for the call, so the call refuses it naming
+// fp8_query; without the switch both are sm80 plans and it is accepted.
+TEST(PlanCompatibility, Fp8QueryRefusedWhereTheSm90Fp8KernelWouldRun) {
+  Problem mixed = dense_problem(1, 4096, 4096, kHopper);
+  mixed.num_heads = mixed.num_heads_k = 16, mixed.group = 1;
+  mixed.headdim = mixed.headdim_v = 128;
+  mixed.fp8_cache = true;  // under a bf16 q
+  rekey(mixed);
+  const auto fp8_metadata = [](PlanKey& k) { k.fp8_query = true; };
+  expect_same_plan(accept_plan(plan_for_changed_key(mixed, fp8_metadata), mixed), make_plan(mixed));
+  const testing::ScopedEnv on("KVFLASH_SM90_FP8", "1");
+  const Plan given = plan_for_changed_key(mixed, fp8_metadata);
+  ASSERT_EQ(given.kernel.family, KernelFamily::sm90);
+  expect_error([&] { accept_plan(given, mixed); },
+               {"scheduler_metadata was made for a different problem: fp8_query (q float8_e4m3fn) (plan made for "
+                "true, call has false), which changes block_n (the plan's 128, this call's 64)"});
 }
 
 TEST(PlanCompatibility, AcceptsItsOwnPlan) {
