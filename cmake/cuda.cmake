@@ -110,8 +110,11 @@ foreach(_row IN LISTS _kvflash_rows)
   if((KVFLASH_CUDA_MINIMAL AND NOT _row MATCHES "// minimal") OR NOT TARGET kvflash_cuda_${_family})
     continue()
   endif()
-  # The launcher's row type: the query's 16-bit type, or E4m3Cache<it> over an fp8 cache.
-  if(_dtype MATCHES "^bf16")
+  # The launcher's row type: the query's 16-bit type, E4m3Cache<it> over an fp8 cache, or
+  # __nv_fp8_e4m3 for the kernels that read all three as e4m3 (FA3's all-fp8 call).
+  if(_dtype STREQUAL "e4m3")
+    set(_elem __nv_fp8_e4m3)
+  elseif(_dtype MATCHES "^bf16")
     set(_elem __nv_bfloat16)
   else()
     set(_elem __half)

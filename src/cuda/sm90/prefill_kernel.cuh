@@ -20,6 +20,10 @@
 //    producer loads the next tile's first K / V block while the consumers finish the tile before;
 //    the epilogue writes O in the element type over the Q tile only (not over K / V), and the next
 //    Q waits for the consumers' stores (a named barrier).
+//  - fp8 (Elem __nv_fp8_e4m3: FA3's all-fp8 call, rung 3's kernel only): Q, K and V tiles in
+//    e4m3, a bf16 output, the descales in the score scale and the output factor. 8-bit wgmma reads
+//    V^T K-major: the producer group's warps 1-3 transpose each V stage into a V^T stage
+//    (fp8_v.cuh; a second pipeline hands it to the consumers), keys in P's register order.
 // Key blocks run last to first, so the masked blocks (a causal diagonal, the sequence end) come
 // first. What a CTA reads and where it writes reuse the portable family's helpers (cta_work.cuh):
 // column, key range, visible keys per row (core/mask.h), sinks, and the coalesced row store.
@@ -43,6 +47,7 @@
 #include "cuda/common/cta_work.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/params.h"
+#include "cuda/sm90/fp8_v.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
 namespace kvflash::cuda::sm90 {
@@ -52,8 +57,11 @@ using namespace cute;
 template <class Elem_, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kStages_, int kConsumerWGs_, bool kOverlap_,
           bool kPingPong_ = false, int kPageKeys_ = 0, bool kPersistent_ = false, int kCtasPerSm_ = 1>
 struct PrefillTraits {
-  using Elem = Elem_;  // __nv_bfloat16 or __half
+  using Elem = Elem_;  // __nv_bfloat16, __half or (FA3's all-fp8 call) __nv_fp8_e4m3
   using E = typename CuteElem<Elem>::type;
+  // fp8: q, K and V e4m3, a bf16 output; V^T made by the producer group (fp8_v.cuh). Rung 3 only.
+  static constexpr bool kFp8 = std::is_same_v<Elem, __nv_fp8_e4m3>;
+  using Out = conditional_t<kFp8, __nv_bfloat16, Elem>;
   // Q and K rows have kHeadDim channels, V and O rows kHeadDimV (equal, or 192 / 128).
   static constexpr int kHeadDim = kHeadDim_, kHeadDimV = kHeadDimV_;
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
@@ -73,8 +81,11 @@ struct PrefillTraits {
   // Producer / consumer registers per thread after setmaxnreg: the producer keeps 24, the
   // consumers take the rest of the CTA's share of the register file (whole multiples of 8). One
   // CTA of one consumer group does not reallocate: 256 threads already get 255 each.
+  static_assert(!kFp8 || (kConsumerWGs_ == 2 && kOverlap_ && !kPingPong_ && !kPersistent_ && kHeadDim_ == kHeadDimV_),
+                "fp8: rung 3's kernel at d == d_v");
   static constexpr bool kReallocate = kConsumerWGs == 2 || kCtasPerSm == 2;
-  static constexpr int kProducerRegs = 24;
+  // The transposers (fp8) keep more than the TMA lane needs: their unit's words and addresses.
+  static constexpr int kProducerRegs = kFp8 ? 40 : 24;
   static constexpr int kLaunchRegs = 65536 / (kThreads * kCtasPerSm) / 8 * 8;
   static constexpr int kConsumerRegs = (kLaunchRegs * kThreads - 128 * kProducerRegs) / kConsumerThreads / 8 * 8;
   static_assert(!kReallocate || kConsumerRegs >= 232, "the consumers' registers");
@@ -92,7 +103,9 @@ struct PrefillTraits {
   using TilePV = Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>;
   using AtomLayout = Layout<Shape<Int<kConsumerWGs>, _1, _1>>;
   using MmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<E, E, float, TileQK>(), AtomLayout{}));
-  using MmaPV = decltype(make_tiled_mma(GMMA::rs_op_selector<E, E, float, TilePV, GMMA::Major::K, GMMA::Major::MN>(),
+  // V^T is K-major for 8 bits (wgmma reads 8-bit operands K-major only), else V read transposed.
+  static constexpr GMMA::Major kMajorVt = kFp8 ? GMMA::Major::K : GMMA::Major::MN;
+  using MmaPV = decltype(make_tiled_mma(GMMA::rs_op_selector<E, E, float, TilePV, GMMA::Major::K, kMajorVt>(),
                                         AtomLayout{}));
 
   using SmemAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, E, Int<kBlockM>,
@@ -117,9 +130,15 @@ struct PrefillTraits {
   using SmemLayoutVUnit = UnitLayout<SmemLayoutV, kHeadDimV>;
   static_assert(kUnitRows % size<0>(SmemAtomK{}) == 0 && kUnitRows % size<0>(SmemAtomV{}) == 0,
                 "a unit starts at a swizzle atom's first row");
-  // V^T as the P V GEMM's B operand (head dim x keys): the same bytes, a transposed view.
-  using SmemLayoutVt = decltype(composition(
-      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  // V^T as the P V GEMM's B operand (head dim x keys): the same bytes, a transposed view; fp8:
+  // its own K-major tiles, written by the transposers.
+  using SmemLayoutVt = conditional_t<
+      kFp8,
+      decltype(tile_to_shape(
+          cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, E, Int<kHeadDimV>, Int<kBlockN>>(),
+          Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{})),
+      decltype(composition(SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{},
+                                                              Step<_2, _1, _3>{})))>;
 
   // Global tensors as TMA sees them: (row, channel, head, batch row or page).
   using GStride = Stride<int64_t, _1, int64_t, int64_t>;
@@ -138,7 +157,15 @@ struct PrefillTraits {
   static constexpr uint32_t kVBytes = kBlockN * kHeadDimV * sizeof(E);
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
-  struct SharedStorage {
+  using VtPipeline = cutlass::PipelineAsync<kStages>;  // fp8: transposers -> consumers
+  // The epilogue's fp32 O tile reuses the Q, K and V (and V^T) tiles, which lie back to back. Rows
+  // are padded by 8 floats: half a warp's 64-bit accumulator stores (4 rows x 4 column pairs, one
+  // phase) then cover 32 distinct banks.
+  static constexpr int kOStride = kHeadDimV + 8;
+  static constexpr int kOBytes = kBlockM * kOStride * 4;
+  static constexpr int kTileBytes =
+      (cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutK> + (kFp8 ? 2 : 1) * cosize_v<SmemLayoutV>) * int(sizeof(E));
+  struct SharedStorage16 {
     cute::array_aligned<E, cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<E, cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<E, cosize_v<SmemLayoutV>, 1024> v;
@@ -146,12 +173,23 @@ struct PrefillTraits {
     alignas(16) cutlass::arch::ClusterTransactionBarrier q_full;
     typename Pipeline::SharedStorage pipe_k, pipe_v;
   };
-  // The epilogue's fp32 O tile reuses the Q, K and V tiles. Rows are padded by 8 floats: half
-  // a warp's 64-bit accumulator stores (4 rows x 4 column pairs, one phase) then cover 32 distinct banks.
-  static constexpr int kOStride = kHeadDimV + 8;
-  static_assert(kBlockM * kOStride * 4 <=
-                    (cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutK> + cosize_v<SmemLayoutV>) * int(sizeof(E)),
-                "the O tile fits over the Q / K / V tiles");
+  // fp8: 1-byte tiles hold fewer bytes than the fp32 O tile at d 256, hence the padding after V^T.
+  struct SharedStorageFp8 {
+    cute::array_aligned<E, cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<E, cosize_v<SmemLayoutK>, 1024> k;
+    cute::array_aligned<E, cosize_v<SmemLayoutV>, 1024> v;
+    cute::array_aligned<E, cosize_v<SmemLayoutVt>, 1024> vt;
+    char o_pad[kOBytes > kTileBytes ? kOBytes - kTileBytes : 16];
+    float lse[kBlockM];
+    alignas(16) cutlass::arch::ClusterTransactionBarrier q_full;
+    typename Pipeline::SharedStorage pipe_k, pipe_v;
+    typename VtPipeline::SharedStorage pipe_vt;
+  };
+  using SharedStorage = conditional_t<kFp8, SharedStorageFp8, SharedStorage16>;
+  static_assert(kOBytes <= kTileBytes || kFp8, "the O tile fits over the Q / K / V tiles");
+  static_assert(!kFp8 || (cosize_v<SmemLayoutQ> % 1024 == 0 && cosize_v<SmemLayoutK> % 1024 == 0 &&
+                          cosize_v<SmemLayoutV> % 1024 == 0 && cosize_v<SmemLayoutVt> % 1024 == 0),
+                "fp8: the tiles and the padding lie back to back");
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kCtasPerSm == 1 || kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs' shared memory");
 };
@@ -288,10 +326,10 @@ __device__ __forceinline__ void produce(const PrefillParams<T>& params, typename
 }
 
 // The consumers' tile: `state` carries on from tile to tile (persistent), Q's barrier completes
-// phase q_phase for this tile.
-template <class T>
+// phase q_phase for this tile. pipe_v: V's pipeline (fp8: V^T's, from the transposers).
+template <class T, class PipeV>
 __device__ __forceinline__ void consume(const PrefillParams<T>& params, typename T::SharedStorage& ss,
-                                        typename T::Pipeline& pipe_k, typename T::Pipeline& pipe_v,
+                                        typename T::Pipeline& pipe_k, PipeV& pipe_v,
                                         cutlass::PipelineState<T::kStages>& state, const CtaStart& start, int head,
                                         int row0, int n_first, int n_last, int q_phase) {
   using E = typename T::E;
@@ -304,7 +342,10 @@ __device__ __forceinline__ void consume(const PrefillParams<T>& params, typename
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
-  Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutVt{});
+  E* vt_data;
+  if constexpr (T::kFp8) vt_data = ss.vt.data();
+  else vt_data = ss.v.data();
+  Tensor sVt = make_tensor(make_smem_ptr(vt_data), typename T::SmemLayoutVt{});
   Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
   Tensor tSrK = thr_qk.partition_fragment_B(sK);
   Tensor tOrV = thr_pv.partition_fragment_B(sVt);
@@ -318,15 +359,20 @@ __device__ __forceinline__ void consume(const PrefillParams<T>& params, typename
   constexpr int kRows = decltype(size<0>(rc))::value;
   const SeqLens& seq = start.col.seq;
   RowSoftmax<kRows> sm(p, start, row0, T::kBlockM, rc);
-  const ScoreScale scale(p);
+  const Fp8Descales descales = T::kFp8 ? Fp8Descales(p, start.col.b, head / params.kv_group) : Fp8Descales();
+  const ScoreScale scale(p, descales.qk);
   auto softmax = [&](auto& tSrS, int n, auto& alpha) { sm.template step<T::kBlockN>(tSrS, rc, n * T::kBlockN, scale, alpha); };
   auto rescale_o = [&](const auto& alpha) { rescale_rows(tOrO, alpha); };
-  auto to_p = [](auto const& tSrS) { return scores_as_a<typename T::Elem, E>(tSrS); };
-  // Rows of V past the sequence's keys (any content, NaN too) become zeros before P V reads them.
+  auto to_p = [](auto const& tSrS) {
+    if constexpr (T::kFp8) return scores_as_a_fp8<E>(tSrS);
+    else return scores_as_a<typename T::Elem, E>(tSrS);
+  };
+  // Rows of V past the sequence's keys (any content, NaN too) become zeros before P V reads them
+  // (fp8: the transposers write them as zeros).
   const int seqlen_k = seq.seqlen_k;
   auto zero_tail_of_v = [&](int n, int stage) {
     const int valid = seqlen_k - n * T::kBlockN;
-    if (valid >= T::kBlockN) return;
+    if (T::kFp8 || valid >= T::kBlockN) return;
     const int wg_thread = thread % 128;
     for (int e = wg_thread; e < T::kBlockN * T::kHeadDimV; e += 128) {
       const int r = e / T::kHeadDimV, c = e % T::kHeadDimV;
@@ -410,6 +456,7 @@ __device__ __forceinline__ void consume(const PrefillParams<T>& params, typename
     float lse;
     const float f = sm.finish(p, start, head, row0 + tile_row, r, lse);
     if (thread % 4 == 0) ss.lse[tile_row] = lse;
+    if constexpr (T::kFp8) return f * descales.v;
     return f;
   };
   auto lse = [&](int r) { return ss.lse[r]; };
@@ -430,18 +477,38 @@ __device__ __forceinline__ void consume(const PrefillParams<T>& params, typename
     float* sO = reinterpret_cast<float*>(ss.q.data());
     write_scaled_rows(tOrO, tOcO, factor, [&](int row, int col, float v) { sO[row * T::kOStride + col] = v; });
     cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
-    store_rows<typename T::Elem>(
+    store_rows<typename T::Out>(
         p, start.dst_rows, head, row0, T::kBlockM,
         [&](int r, int c) { return *reinterpret_cast<const float4*>(sO + r * T::kOStride + c); }, lse, thread,
         T::kConsumerThreads);
   }
 }
 
-// The K / V pipelines.
+// The K / V pipelines (fp8: and V^T's).
+struct NoPipeline {};
 template <class T>
 struct Pipelines {
   typename T::Pipeline k, v;
+  conditional_t<T::kFp8, typename T::VtPipeline, NoPipeline> vt;
 };
+
+// fp8's V^T pipeline: the transposers (producer warps 1-3) fill its stages, every consumer
+// thread releases them.
+template <class T>
+__device__ __forceinline__ auto vt_pipeline(typename T::SharedStorage& ss) {
+  if constexpr (T::kFp8) {
+    using VtPipeline = typename T::VtPipeline;
+    typename VtPipeline::Params pp;
+    pp.role = threadIdx.x < 32    ? VtPipeline::ThreadCategory::NonParticipant
+              : threadIdx.x < 128 ? VtPipeline::ThreadCategory::Producer
+                                  : VtPipeline::ThreadCategory::Consumer;
+    pp.producer_arv_count = kTransposeThreads;
+    pp.consumer_arv_count = T::kConsumerThreads;
+    return VtPipeline(ss.pipe_vt, pp);
+  } else {
+    return NoPipeline{};
+  }
+}
 
 // Q's barrier and the K / V pipelines, set up by the whole CTA (visible to all when it returns);
 // the TMA descriptors prefetched.
@@ -461,7 +528,14 @@ __device__ __forceinline__ Pipelines<T> setup_pipelines(const PrefillParams<T>& 
   typename Pipeline::Params pp_v = pp;
   pp.transaction_bytes = T::kKBytes;
   pp_v.transaction_bytes = T::kVBytes;
-  Pipelines<T> pipes{Pipeline(ss.pipe_k, pp, Shape<_1, _1, _1>{}), Pipeline(ss.pipe_v, pp_v, Shape<_1, _1, _1>{})};
+  if constexpr (T::kFp8) {  // V's consumers are the transposers
+    pp_v.role = threadIdx.x < 32    ? Pipeline::ThreadCategory::Producer
+                : threadIdx.x < 128 ? Pipeline::ThreadCategory::Consumer
+                                    : Pipeline::ThreadCategory::NonParticipant;
+    pp_v.num_consumers = kTransposeThreads;
+  }
+  Pipelines<T> pipes{Pipeline(ss.pipe_k, pp, Shape<_1, _1, _1>{}), Pipeline(ss.pipe_v, pp_v, Shape<_1, _1, _1>{}),
+                     vt_pipeline<T>(ss)};
   cutlass::arch::fence_barrier_init();
   __syncthreads();
   return pipes;
@@ -494,11 +568,14 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
     auto state = cutlass::make_producer_start_state<typename T::Pipeline>();  // phase 1: buffers empty
     if (threadIdx.x < T::kProducerLanes) {
       produce<T>(params, ss, pipes.k, pipes.v, state, start, head, row0, n.x, n.y, false);
+    } else if constexpr (T::kFp8) {
+      if (threadIdx.x >= 32) transpose_v<T>(ss, pipes.v, pipes.vt, start.col.seq.seqlen_k, n.x, n.y);
     }
   } else {
     if constexpr (T::kReallocate) cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
     cutlass::PipelineState<T::kStages> state;
-    consume<T>(params, ss, pipes.k, pipes.v, state, start, head, row0, n.x, n.y, 0);
+    if constexpr (T::kFp8) consume<T>(params, ss, pipes.k, pipes.vt, state, start, head, row0, n.x, n.y, 0);
+    else consume<T>(params, ss, pipes.k, pipes.v, state, start, head, row0, n.x, n.y, 0);
   }
 }
 

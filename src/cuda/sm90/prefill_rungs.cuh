@@ -1,6 +1,8 @@
 // The tile of each head dim and rung; included by the instantiation files (prefill_inst_*.cu) only.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/sm90/prefill.h"
 #include "cuda/sm90/prefill_kernel.cuh"
 
@@ -37,7 +39,7 @@ void launch_planned(const AttentionParams& p, int kv_group, cudaStream_t stream)
 }
 
 template <class Elem, int kHeadDim, int kHeadDimV>
-void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaStream_t stream) {
+void launch_16bit_rung(const AttentionParams& p, int kv_group, int rung, cudaStream_t stream) {
   // Rung 6: two CTAs of one overlapping group per SM over 64 x 64 tiles (head dims <= 128: two
   // fit), over a dense cache or pages of 8 or more keys (core::sm90_small_tiles).
   if constexpr (kHeadDim <= kSmallTileMaxHeadDim && kHeadDimV <= kSmallTileMaxHeadDim) {
@@ -69,6 +71,13 @@ void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaS
   }
   // Rung 3: asked for, over pages smaller than a block, or rung 6 where two CTAs do not fit.
   launch_planned<Elem, kHeadDim, kHeadDimV, false>(p, kv_group, stream);
+}
+
+// fp8 (FA3's all-fp8 call) has rung 3's kernel only, over every page size the family reads.
+template <class Elem, int kHeadDim, int kHeadDimV>
+void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaStream_t stream) {
+  if constexpr (std::is_same_v<Elem, __nv_fp8_e4m3>) launch_planned<Elem, kHeadDim, kHeadDimV, false>(p, kv_group, stream);
+  else launch_16bit_rung<Elem, kHeadDim, kHeadDimV>(p, kv_group, rung, stream);
 }
 
 }  // namespace kvflash::cuda::sm90

@@ -3,6 +3,7 @@
 // thread's accumulator rows.
 #pragma once
 
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cute/tensor.hpp>
@@ -19,6 +20,7 @@ using namespace cute;
 template <class Elem> struct CuteElem;
 template <> struct CuteElem<__nv_bfloat16> { using type = cutlass::bfloat16_t; };
 template <> struct CuteElem<__half> { using type = cutlass::half_t; };
+template <> struct CuteElem<__nv_fp8_e4m3> { using type = cutlass::float_e4m3_t; };
 
 // The accumulator's per-thread values ((2, 2, V), M, N) as (rows, columns): rows (2, M),
 // columns (2, V, N). (wgmma C fragment: value (c, r, v) is row r * 8 + lane / 4 of the warp's
