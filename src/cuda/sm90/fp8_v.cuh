@@ -96,13 +96,17 @@ constexpr bool fp8_tile_matches() {
 // channels each), a 4 x 4 byte transpose, 4 stores (a channel's 4 slots each). A warp's 32 lanes
 // take the 8 slot groups of one slice times 4 channel groups of 4 (16 channels); the warps walk
 // the (slice, 16 channels) pairs. `valid`: the block's keys before the sequence's end.
+// Bank spread (d 128: no conflict; d 64 loads and d 256 stores two-way): the lanes of h = 1 take
+// the neighbouring 16 channels (16-byte chunk ^ 1), so that their keys, 16 apart and in the same
+// swizzle row, hit other banks; lanes with u & 2 store their 4 channels in the order i ^ 2.
 template <class T>
 __device__ __forceinline__ void transpose_v_stage(uint32_t v_stage, uint32_t vt_stage, int valid, int warp, int lane) {
   constexpr int N = T::kBlockN, D = T::kHeadDimV, kSlices = N / 32, kUnits = kSlices * (D / 16);
-  const uint32_t h = lane / 16, q = (lane / 4) % 4, u = lane % 4;
+  static_assert(D % 32 == 0, "channel chunks in pairs");
+  const uint32_t h = lane / 16, q = (lane / 4) % 4, u = lane % 4, flip = u & 2;
   CUTLASS_PRAGMA_NO_UNROLL
   for (int it = warp; it < kUnits; it += kTransposeThreads / 32) {
-    const uint32_t slice = uint32_t(it) % kSlices, c0 = (uint32_t(it) / kSlices) * 16 + 4 * u;
+    const uint32_t slice = uint32_t(it) % kSlices, c0 = ((uint32_t(it) / kSlices) ^ h) * 16 + 4 * u;
     const uint32_t slot0 = 32 * slice + 16 * h + 4 * q;
     uint32_t w[4];
     CUTLASS_PRAGMA_UNROLL
@@ -117,7 +121,9 @@ __device__ __forceinline__ void transpose_v_stage(uint32_t v_stage, uint32_t vt_
     const uint32_t o[4] = {prmt(lo01, lo23, 0x5410), prmt(lo01, lo23, 0x7632), prmt(hi01, hi23, 0x5410),
                            prmt(hi01, hi23, 0x7632)};
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < 4; ++i) sts32(vt_stage + fp8_tile_offset<D, N>(c0 + i, slot0), o[i]);
+    for (int i = 0; i < 4; ++i) {
+      sts32(vt_stage + fp8_tile_offset<D, N>(c0 + (i ^ flip), slot0), flip ? o[i ^ 2] : o[i]);
+    }
   }
 }
 
