@@ -36,10 +36,27 @@ __device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
+// PTX prmt.b32 (default mode): byte i of the result is byte selector[4i..4i+3] of {b, a} (a's bytes
+// 0-3, b's 4-7). On the host, the same by hand (tests/cuda/sm90_fp8_layouts.cu).
+__host__ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
+#ifdef __CUDA_ARCH__
   uint32_t r;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
   return r;
+#else
+  const uint64_t both = uint64_t(b) << 32 | a;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= uint32_t(both >> (8 * ((selector >> (4 * i)) & 7)) & 0xff) << (8 * i);
+  return r;
+#endif
+}
+
+// The 4 x 4 byte transpose: byte j of o[i] = byte i of w[j].
+__host__ __device__ __forceinline__ void transpose_4x4_bytes(const uint32_t (&w)[4], uint32_t (&o)[4]) {
+  const uint32_t lo01 = prmt(w[0], w[1], 0x5140), lo23 = prmt(w[2], w[3], 0x5140);
+  const uint32_t hi01 = prmt(w[0], w[1], 0x7362), hi23 = prmt(w[2], w[3], 0x7362);
+  o[0] = prmt(lo01, lo23, 0x5410), o[1] = prmt(lo01, lo23, 0x7632);
+  o[2] = prmt(hi01, hi23, 0x5410), o[3] = prmt(hi01, hi23, 0x7632);
 }
 
 // Key of slot `slot` (< 32) of a 32-key slice (the order above).
@@ -47,26 +64,11 @@ __host__ __device__ constexpr int fp8_slot_key(int slot) {
   return (slot / 16) * 16 + ((slot % 4) / 2) * 8 + ((slot / 4) % 4) * 2 + slot % 2;
 }
 
-// The slots of a slice hold each of its 32 keys once, and a thread's accumulator values for rows
-// r of half h (value (c, r, v): key 8v + 2q + c) are its A fragment's slots 16h + 4q + j in order
-// j = c + 2 (v - 2h): what scores_as_a_fp8 relies on.
-constexpr bool fp8_slots_match_the_accumulator() {
-  unsigned seen = 0;
-  for (int slot = 0; slot < 32; ++slot) seen |= 1u << fp8_slot_key(slot);
-  for (int q = 0; q < 4; ++q)
-    for (int h = 0; h < 2; ++h)
-      for (int v = 2 * h; v < 2 * h + 2; ++v)
-        for (int c = 0; c < 2; ++c)
-          if (fp8_slot_key(16 * h + 4 * q + c + 2 * (v - 2 * h)) != 8 * v + 2 * q + c) return false;
-  return seen == 0xffffffffu;
-}
-static_assert(fp8_slots_match_the_accumulator());
-
 // Byte offset of element (row, col) in an 8-bit K-major tile of kRows x kCols bytes built from
 // CuTe's swizzle atoms (ss_smem_selector: 8 rows x W bytes, W = 128, or 64 when a row is 64
 // bytes; the atoms down the rows first): the 16-byte chunk of a row XORed with its row in the
-// atom (W 64: half of it). Unsigned, so that it compiles to shifts and masks; the traits check it
-// against CuTe's layouts (fp8_tile_matches, in transpose_v).
+// atom (W 64: half of it). Unsigned, so that it compiles to shifts and masks;
+// tests/cuda/sm90_fp8_layouts.cu checks it against CuTe's layouts.
 template <int kRows, int kCols>
 __host__ __device__ constexpr uint32_t fp8_tile_offset(uint32_t row, uint32_t col) {
   constexpr uint32_t W = kCols % 128 == 0 ? 128 : 64;
@@ -76,53 +78,42 @@ __host__ __device__ constexpr uint32_t fp8_tile_offset(uint32_t row, uint32_t co
   return (col / W) * (kRows * W) + (row / 8) * (8 * W) + in_atom * W + chunk * 16 + col % 16;
 }
 
-// Whether fp8_tile_offset is CuTe's `Layout` (rows, cols, stages) in stage 1 (stages lie kRows x
-// kCols bytes apart) at the first two atoms' rows and the last atom's, at one 4-byte word of each
-// 16-byte chunk of a row (a word of each offset in turn): a full check exceeds the compiler's
-// constexpr budget, and every other atom repeats these offsets.
-template <class Layout, int kRows, int kCols>
-constexpr bool fp8_tile_matches() {
-  for (int r = 0; r < kRows; r = r == 15 ? kRows - 8 : r + 1) {
-    for (int c = 0; c < kCols; c += 16) {
-      const int col = c + 4 * ((c / 16) % 4);
-      if (uint32_t(Layout{}(r, col, 1)) != kRows * kCols + fp8_tile_offset<kRows, kCols>(r, col)) return false;
-    }
-  }
-  return true;
-}
+// A transposer's unit (iteration `it` of lane `lane`, a tile of kSlices 32-key slices): the 4
+// slots 16h + 4q .. + 3 of one slice and 4 channels c0 .. c0 + 3. It loads 4 words (key(j)'s 4
+// channels each), transposes them, and stores 4 (a channel's 4 slots each): at step i channel
+// store_channel(i) gets o[i ^ flip]. A warp's 32 lanes take the 8 slot groups of one slice times 4
+// channel groups of 4 (16 channels); the warps walk the (slice, 16 channels) pairs. Bank spread
+// (d 128: no conflict; d 64 loads and d 256 stores two-way; tests/cuda/sm90_fp8_layouts.cu): the
+// lanes of h = 1 take the neighbouring 16 channels (16-byte chunk ^ 1), so that their keys, 16
+// apart and in the same swizzle row, hit other banks; lanes with u & 2 store in the order i ^ 2.
+struct Fp8TransposeUnit {
+  uint32_t slice, h, q, c0, slot0, flip;
+  __host__ __device__ constexpr Fp8TransposeUnit(uint32_t it, uint32_t lane, uint32_t slices)
+      : slice(it % slices), h(lane / 16), q((lane / 4) % 4), c0(((it / slices) ^ (lane / 16)) * 16 + 4 * (lane % 4)),
+        slot0(32 * (it % slices) + 16 * (lane / 16) + 4 * ((lane / 4) % 4)), flip(lane & 2) {}
+  __host__ __device__ constexpr uint32_t key(int j) const { return 32 * slice + fp8_slot_key(16 * h + 4 * q + j); }
+  __host__ __device__ constexpr uint32_t store_channel(int i) const { return c0 + (uint32_t(i) ^ flip); }
+};
 
-// One V stage into its V^T stage (shared-memory addresses of the stages). A thread's unit: the 4
-// slots 16h + 4q .. + 3 of a 32-key slice and 4 channels c0 .. c0 + 3: 4 loads (a key's 4
-// channels each), a 4 x 4 byte transpose, 4 stores (a channel's 4 slots each). A warp's 32 lanes
-// take the 8 slot groups of one slice times 4 channel groups of 4 (16 channels); the warps walk
-// the (slice, 16 channels) pairs. `valid`: the block's keys before the sequence's end.
-// Bank spread (d 128: no conflict; d 64 loads and d 256 stores two-way): the lanes of h = 1 take
-// the neighbouring 16 channels (16-byte chunk ^ 1), so that their keys, 16 apart and in the same
-// swizzle row, hit other banks; lanes with u & 2 store their 4 channels in the order i ^ 2.
+// One V stage into its V^T stage (shared-memory addresses of the stages); `valid`: the block's
+// keys before the sequence's end.
 template <class T>
 __device__ __forceinline__ void transpose_v_stage(uint32_t v_stage, uint32_t vt_stage, int valid, int warp, int lane) {
   constexpr int N = T::kBlockN, D = T::kHeadDimV, kSlices = N / 32, kUnits = kSlices * (D / 16);
   static_assert(D % 32 == 0, "channel chunks in pairs");
-  const uint32_t h = lane / 16, q = (lane / 4) % 4, u = lane % 4, flip = u & 2;
   CUTLASS_PRAGMA_NO_UNROLL
   for (int it = warp; it < kUnits; it += kTransposeThreads / 32) {
-    const uint32_t slice = uint32_t(it) % kSlices, c0 = ((uint32_t(it) / kSlices) ^ h) * 16 + 4 * u;
-    const uint32_t slot0 = 32 * slice + 16 * h + 4 * q;
-    uint32_t w[4];
+    const Fp8TransposeUnit unit(it, lane, kSlices);
+    uint32_t w[4], o[4];
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < 4; ++j) {
-      const uint32_t key = 32 * slice + fp8_slot_key(16 * h + 4 * q + j);
-      const uint32_t word = lds32(v_stage + fp8_tile_offset<N, D>(key, c0));
-      w[j] = int(key) < valid ? word : 0u;
+      const uint32_t word = lds32(v_stage + fp8_tile_offset<N, D>(unit.key(j), unit.c0));
+      w[j] = int(unit.key(j)) < valid ? word : 0u;
     }
-    // o[i] byte j = w[j] byte i: channel c0 + i of the 4 keys, in slot order.
-    const uint32_t lo01 = prmt(w[0], w[1], 0x5140), lo23 = prmt(w[2], w[3], 0x5140);
-    const uint32_t hi01 = prmt(w[0], w[1], 0x7362), hi23 = prmt(w[2], w[3], 0x7362);
-    const uint32_t o[4] = {prmt(lo01, lo23, 0x5410), prmt(lo01, lo23, 0x7632), prmt(hi01, hi23, 0x5410),
-                           prmt(hi01, hi23, 0x7632)};
+    transpose_4x4_bytes(w, o);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < 4; ++i) {
-      sts32(vt_stage + fp8_tile_offset<D, N>(c0 + (i ^ flip), slot0), flip ? o[i ^ 2] : o[i]);
+      sts32(vt_stage + fp8_tile_offset<D, N>(unit.store_channel(i), unit.slot0), unit.flip ? o[i ^ 2] : o[i]);
     }
   }
 }
@@ -133,9 +124,6 @@ __device__ __forceinline__ void transpose_v_stage(uint32_t v_stage, uint32_t vt_
 template <class T>
 __device__ __forceinline__ void transpose_v(typename T::SharedStorage& ss, typename T::Pipeline& pipe_v,
                                             typename T::VtPipeline& pipe_vt, int seqlen_k, int n_first, int n_last) {
-  static_assert(fp8_tile_matches<typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>() &&
-                    fp8_tile_matches<typename T::SmemLayoutVt, T::kHeadDimV, T::kBlockN>(),
-                "the transposers' addresses are CuTe's V and V^T layouts");
   const int thread = int(threadIdx.x) - 32;
   const uint32_t v_base = cast_smem_ptr_to_uint(ss.v.data()), vt_base = cast_smem_ptr_to_uint(ss.vt.data());
   cutlass::PipelineState<T::kStages> v_state;  // V's consumer: phase 0
@@ -153,6 +141,12 @@ __device__ __forceinline__ void transpose_v(typename T::SharedStorage& ss, typen
   }
 }
 
+// The A operand's register fragment of kSlices 32-key slices, compact.
+template <int kSlices>
+__host__ __device__ constexpr auto fp8_p_layout() {
+  return make_layout(Shape<Shape<_4, _2, _2>, _1, Int<kSlices>>{});
+}
+
 // Four floats as e4m3 bytes (first lowest), to nearest, saturating.
 __device__ __forceinline__ uint32_t pack4_e4m3(float a, float b, float c, float d) {
   const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
@@ -160,25 +154,25 @@ __device__ __forceinline__ uint32_t pack4_e4m3(float a, float b, float c, float 
   return lo | hi << 16;
 }
 
-// P (the exponentiated scores, wgmma accumulator order) as the 8-bit A operand of the P V GEMM:
-// per 32-key slice ((4, 2, 2) values: slot j, row r (+8), half h (+16 slots)), register
-// 4 slice + 2h + r holds slots 16h + 4q + j = accumulator values (j % 2) + 2r + 4 (4 slice + 2h +
-// j / 2) (value (c, r, v) of the accumulator is key 8v + 2q + c of row r).
+// P's 8-bit A operand from the accumulator (value (c, r, v): key 8v + 2q + c of row r): A value
+// (j, r, h) of 32-key slice s ((4, 2, 2) values: slot j, row r (+8), half h (+16 slots)), index
+// j + 4r + 8h + 16s, holds slot 16h + 4q + j = accumulator value (j % 2) + 2r + 4 (4s + 2h + j / 2).
+__host__ __device__ constexpr int fp8_p_source(int a_index) {
+  const int j = a_index % 4, r = (a_index / 4) % 2, h = (a_index / 8) % 2, s = a_index / 16;
+  return j % 2 + 2 * r + 4 * (4 * s + 2 * h + j / 2);
+}
+
+// P (the exponentiated scores, in the accumulator) as the P V GEMM's A operand, 4 values per
+// register.
 template <class E, class TS>
 __device__ __forceinline__ auto scores_as_a_fp8(TS const& tSrS) {
   constexpr int kSlices = decltype(size(tSrS))::value / 16;
-  Tensor rP = make_tensor<E>(make_layout(Shape<Shape<_4, _2, _2>, _1, Int<kSlices>>{}));
+  Tensor rP = make_tensor<E>(fp8_p_layout<kSlices>());
   uint32_t* regs = reinterpret_cast<uint32_t*>(raw_pointer_cast(rP.data()));
   CUTLASS_PRAGMA_UNROLL
-  for (int s = 0; s < kSlices; ++s) {
-    CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        const int c = 16 * s + 8 * h + 2 * r;
-        regs[4 * s + 2 * h + r] = pack4_e4m3(tSrS(c), tSrS(c + 1), tSrS(c + 4), tSrS(c + 5));
-      }
-    }
+  for (int i = 0; i < 4 * kSlices * 4; i += 4) {
+    regs[i / 4] = pack4_e4m3(tSrS(fp8_p_source(i)), tSrS(fp8_p_source(i + 1)), tSrS(fp8_p_source(i + 2)),
+                             tSrS(fp8_p_source(i + 3)));
   }
   return rP;
 }

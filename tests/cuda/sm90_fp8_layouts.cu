@@ -1,0 +1,143 @@
+// The sm90 prefill kernel's fp8 pieces (src/cuda/sm90/fp8_v.cuh), checked on the host against
+// CuTe's own layouts (host code too), so a build without a GPU sees them break. For each planned
+// fp8 tile (d 64, 128, 256):
+//  - fp8_tile_offset is CuTe's V and V^T shared-memory layouts at every element of every stage;
+//  - the transposers' walk, run by hand over a V stage of random bytes (the units of all 96
+//    threads, their prmt byte transpose, the keys past the sequence's end as zeros), writes every
+//    byte of the V^T stage once, and V^T(c, slot) is V(key of slot, c);
+//  - P's A operand: for every consumer thread, A value a (CuTe's partition of the P V GEMM's A)
+//    is the thread's accumulator value fp8_p_source(a) (CuTe's partition of the S GEMM's C): the
+//    same row, and the key its slot holds; and fp8_p_layout has the A fragment's shape.
+// The transposers' shared-memory bank conflicts (most lanes of one access on one bank) are
+// printed, not checked. Exit status 0 = every check held.
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "cuda/sm90/prefill_rungs.cuh"
+
+namespace {
+
+using namespace cute;
+namespace sm90 = kvflash::cuda::sm90;
+
+template <int kHeadDim>
+using Traits = sm90::PlannedTraits<__nv_fp8_e4m3, kHeadDim, kHeadDim, false, 0>;
+
+// The key V^T's slot `slot` of a block holds.
+int key_of_slot(int slot) { return 32 * (slot / 32) + sm90::fp8_slot_key(slot % 32); }
+
+template <class T>
+int tile_offsets_are_cute() {
+  constexpr int N = T::kBlockN, D = T::kHeadDimV;
+  int bad = 0;
+  for (int stage = 0; stage < T::kStages; ++stage) {
+    for (int key = 0; key < N; ++key) {
+      for (int c = 0; c < D; ++c) {
+        const int at = stage * N * D;
+        bad += int(typename T::SmemLayoutV{}(key, c, stage)) != at + int(sm90::fp8_tile_offset<N, D>(key, c));
+        bad += int(typename T::SmemLayoutVt{}(c, key, stage)) != at + int(sm90::fp8_tile_offset<D, N>(c, key));
+      }
+    }
+  }
+  return bad;
+}
+
+uint32_t load_word(const std::vector<uint8_t>& s, uint32_t at) {
+  return s[at] | uint32_t(s[at + 1]) << 8 | uint32_t(s[at + 2]) << 16 | uint32_t(s[at + 3]) << 24;
+}
+
+// Most lanes of one access (32 lanes' 4-byte words) on one of the 32 banks.
+int bank_ways(const std::vector<uint32_t>& addresses) {
+  int lanes_on[32] = {}, most = 0;
+  for (uint32_t a : addresses) most = std::max(most, ++lanes_on[(a / 4) % 32]);
+  return most;
+}
+
+// transpose_v_stage by hand: V's keys from `valid` on read as zeros.
+template <class T>
+int transposers_write_v_transposed(int valid, int& load_ways, int& store_ways) {
+  constexpr int N = T::kBlockN, D = T::kHeadDimV, kSlices = N / 32, kUnits = kSlices * (D / 16);
+  std::mt19937 rng(uint32_t(D * 1000 + valid));
+  std::vector<uint8_t> v(N * D), v_stage(N * D), vt_stage(N * D, 0);
+  std::vector<int> writes(N * D, 0);
+  for (int key = 0; key < N; ++key) {
+    for (int c = 0; c < D; ++c) v_stage[sm90::fp8_tile_offset<N, D>(key, c)] = v[key * D + c] = uint8_t(rng());
+  }
+  load_ways = store_ways = 0;
+  for (int warp = 0; warp < sm90::kTransposeThreads / 32; ++warp) {
+    for (int it = warp; it < kUnits; it += sm90::kTransposeThreads / 32) {
+      std::vector<uint32_t> loads[4], stores[4];
+      for (uint32_t lane = 0; lane < 32; ++lane) {
+        const sm90::Fp8TransposeUnit unit(it, lane, kSlices);
+        uint32_t w[4], o[4];
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t at = sm90::fp8_tile_offset<N, D>(unit.key(j), unit.c0);
+          loads[j].push_back(at);
+          w[j] = int(unit.key(j)) < valid ? load_word(v_stage, at) : 0u;
+        }
+        sm90::transpose_4x4_bytes(w, o);
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t at = sm90::fp8_tile_offset<D, N>(unit.store_channel(i), unit.slot0);
+          const uint32_t word = unit.flip ? o[i ^ 2] : o[i];
+          stores[i].push_back(at);
+          for (int b = 0; b < 4; ++b) vt_stage[at + b] = uint8_t(word >> (8 * b)), ++writes[at + b];
+        }
+      }
+      for (int j = 0; j < 4; ++j) {
+        load_ways = std::max(load_ways, bank_ways(loads[j]));
+        store_ways = std::max(store_ways, bank_ways(stores[j]));
+      }
+    }
+  }
+  int bad = 0;
+  for (int n : writes) bad += n != 1;
+  for (int c = 0; c < D; ++c) {
+    for (int slot = 0; slot < N; ++slot) {
+      const int key = key_of_slot(slot);
+      bad += vt_stage[sm90::fp8_tile_offset<D, N>(c, slot)] != (key < valid ? v[key * D + c] : 0);
+    }
+  }
+  return bad;
+}
+
+template <class T>
+int p_is_the_a_operand() {
+  constexpr int N = T::kBlockN;
+  typename T::MmaQK mma_qk;
+  typename T::MmaPV mma_pv;
+  const auto tile = Shape<Int<T::kBlockM>, Int<N>>{};
+  int bad = 0;
+  for (int t = 0; t < T::kConsumerThreads; ++t) {
+    Tensor cs = mma_qk.get_thread_slice(t).partition_C(make_identity_tensor(tile));
+    Tensor ca = mma_pv.get_thread_slice(t).partition_A(make_identity_tensor(tile));
+    bad += size(ca) != size(cs);
+    for (int a = 0; a < size(ca); ++a) {
+      const auto from = cs(sm90::fp8_p_source(a));
+      bad += get<0>(ca(a)) != get<0>(from) || key_of_slot(get<1>(ca(a))) != get<1>(from);
+    }
+  }
+  Tensor ca = mma_pv.get_thread_slice(0).partition_A(make_identity_tensor(tile));
+  bad += !std::is_same_v<decltype(shape(ca)), decltype(shape(sm90::fp8_p_layout<N / 32>()))>;
+  return bad;
+}
+
+template <int kHeadDim>
+int check() {
+  using T = Traits<kHeadDim>;
+  const int offsets = tile_offsets_are_cute<T>();
+  int load_ways = 0, store_ways = 0, walk = 0;
+  for (int valid : {T::kBlockN, T::kBlockN - 5, 1, 0}) walk += transposers_write_v_transposed<T>(valid, load_ways, store_ways);
+  const int p = p_is_the_a_operand<T>();
+  std::printf("sm90 fp8 d %d (block %d x %d): %d tile offset, %d transposer, %d P operand mismatches; bank ways "
+              "load %d, store %d; %d bytes of shared memory\n",
+              kHeadDim, T::kBlockM, T::kBlockN, offsets, walk, p, load_ways, store_ways, T::kSmemBytes);
+  return offsets + walk + p;
+}
+
+}  // namespace
+
+int main() {
+  const int bad = check<64>() + check<128>() + check<256>();
+  return bad == 0 ? 0 : 1;
+}
