@@ -46,8 +46,8 @@ bool has_programmatic_launch(int device) { return core::cuda_device_info(device)
 // The attention launchers the build holds: the rows of the instantiation table CMake generated
 // units for (kvflash_inst/built_instantiations.inc; a KVFLASH_CUDA_MINIMAL build holds one).
 using AttentionLauncher = void (*)(const AttentionParams&, KernelShape, bool, cudaStream_t);
-// What a row's kernels read: the query's 16-bit type (bf16 for an fp8 q, converted first) and
-// whether the cache is fp8 e4m3.
+// What a row's kernels read: the query's type (16 bits, bf16 for an fp8 q converted first; e4m3
+// on the sm90 fp8 rows, which read an fp8 q itself) and whether the cache is fp8 e4m3.
 struct RowType {
   DType query;
   bool fp8_cache;
@@ -57,6 +57,8 @@ template <class Row>
 constexpr RowType row_type = {std::is_same_v<Row, __half> ? DType::f16 : DType::bf16, false};
 template <class Q>
 constexpr RowType row_type<E4m3Cache<Q>> = {row_type<Q>.query, true};
+template <>
+constexpr RowType row_type<__nv_fp8_e4m3> = {DType::e4m3, true};  // FA3's all-fp8 call (sm90 rows)
 struct BuiltInstantiation {
   KernelFamily family;
   RowType row;
@@ -74,7 +76,10 @@ constexpr BuiltInstantiation kBuilt[] = {
 };
 #undef KVFLASH_INSTANTIATION
 
-RowType call_row_type(const core::Problem& p) { return {p.fp8 ? DType::bf16 : p.dtype, p.fp8_cache}; }
+RowType call_row_type(const core::Problem& p, const Plan& plan) {
+  if (reads_fp8_query(p, plan)) return {DType::e4m3, true};
+  return {p.fp8 ? DType::bf16 : p.dtype, p.fp8_cache};
+}
 
 // The launcher of the Plan's kernel: exactly what the planner chose, never a substitute.
 AttentionLauncher attention_launcher(const Plan& plan, RowType type) {
@@ -91,16 +96,25 @@ AttentionLauncher attention_launcher(const Plan& plan, RowType type) {
                   std::to_string(plan.kernel.headdim_v) + " is not in this build (KVFLASH_CUDA_MINIMAL?)");
 }
 
+// q (of type Src) into the workspace copy the attention reads: rotated in its own type, or an fp8
+// q the plan's kernel reads in 16 bits converted to bf16 (rotated first when rotary is on).
+template <class Src>
+void launch_q_copy(const core::Problem& p, const Plan& plan, const RotateQParams& params, cudaStream_t stream) {
+  if constexpr (std::is_same_v<Src, e4m3>) {
+    if (!reads_fp8_query(p, plan)) return launch_rotate_q<e4m3, __nv_bfloat16>(params, stream);
+  }
+  launch_rotate_q<Src, Src>(params, stream);
+}
+
 // Every check that can refuse the call first, then the kernels: a refused call writes nothing.
-// Src: q's and new K/V's element, Cache: the caches'. The attention reads q as Src, or as bf16
-// converted into the workspace from an fp8 q.
+// Src: q's and new K/V's element, Cache: the caches'. The attention reads q as Src (from the
+// workspace when rotated), or an fp8 q as bf16 converted there (launch_q_copy).
 template <class Src, class Cache>
 void run_typed(const core::Problem& p, const Plan& plan, const CallParams& call, cudaStream_t stream) {
-  using Query = std::conditional_t<std::is_same_v<Src, e4m3>, __nv_bfloat16, Src>;
-  const AttentionLauncher launch_attention = attention_launcher(plan, call_row_type(p));
+  const AttentionLauncher launch_attention = attention_launcher(plan, call_row_type(p, plan));
   check_launchable(call, plan);
   if (call.append) launch_append_kv<Src, Cache>(call.append_params, call.append_rows, stream);
-  if (call.rotate_q) launch_rotate_q<Src, Query>(call.rotate_q_params, stream);
+  if (call.rotate_q) launch_q_copy<Src>(p, plan, call.rotate_q_params, stream);
   if (call.prepare) launch_prepare(call.prepare_params, stream);
   const bool overlap = has_programmatic_launch(p.device.id);  // common/launch.cuh
   launch_attention(call.attention, plan.kernel.shape, overlap, stream);

@@ -322,6 +322,7 @@ Config draw_config(Rng& rng, uint64_t seed, const CaseLimits& limits) {
   const double r = rng.real();
   c.dtype = r < 0.15 ? DType::f32 : r < 0.4 ? DType::f16 : r < 0.8 ? DType::bf16 : DType::e4m3;
   if (limits.mla) c.dtype = r < 0.5 ? DType::bf16 : DType::f16;
+  if (limits.all_fp8) c.dtype = DType::e4m3;
   c.cache_dtype = draw_fp8_cache(seed, c.dtype, limits) ? DType::e4m3 : c.dtype;
   const int heads_choice = limits.awkward ? 3 : rng.uniform(0, 4);
   const int heads[][2] = {{1, 1}, {8, 1}, {32, 8}, {63, 7}, {4, 2}};
@@ -675,6 +676,13 @@ CaseLimits sm90_prefill_limits() {
   limits.head_dims = {{64, 64}, {96, 96}, {128, 128}, {192, 192}, {256, 256}, {192, 128}};
   limits.min_seqlen_q = 64;
   limits.max_seqlen_q = 512;
+  return limits;
+}
+
+CaseLimits sm90_fp8_prefill_limits() {
+  CaseLimits limits = sm90_prefill_limits();
+  limits.head_dims = {{64, 64}, {128, 128}, {256, 256}};
+  limits.all_fp8 = true;
   return limits;
 }
 

@@ -39,6 +39,9 @@ struct CaseLimits {
   // query; only_qv, q absent and k_cache absent among them), one KV head and 16 or 128 query
   // heads, a paged cache of pages of 1, 16 or 64 in most cases.
   bool mla = false;
+  // FA3's all-fp8 call on every case (the GPU runner's sm90fp8 subset): q, caches and new k / v
+  // e4m3, bf16 out, descales drawn as for any fp8 call.
+  bool all_fp8 = false;
 };
 
 class Case {
@@ -80,6 +83,9 @@ class Case {
 // The GPU runner's sm90 draws: prompts of 64-512 query rows at the head dims the sm90 family is
 // compiled at (core/kernel_family.h sm90_head_dims).
 CaseLimits sm90_prefill_limits();
+// The GPU runner's sm90fp8 draws: FA3's all-fp8 call, prompts of 64-512 query rows at the head dims
+// the sm90 family's fp8 kernel is compiled at (core/kernel_family.h sm90_fp8_head_dims).
+CaseLimits sm90_fp8_prefill_limits();
 
 Case make_random_case(uint64_t seed, const CaseLimits& limits = {});
 // The feature tags make_random_case(seed, limits) would have, without building its buffers.

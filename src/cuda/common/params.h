@@ -147,7 +147,8 @@ struct AppendParams {
 struct RotateQParams {
   LengthParams len;
   RowLayout q;        // source
-  RowLayout q_rot;    // destination (workspace, dense (total, h, d) or (b, s_q, h, d)); bf16 for fp8 q
+  RowLayout q_rot;    // destination (workspace, dense (total, h, d) or (b, s_q, h, d)): q's type, or
+                      // bf16 for an fp8 q the kernel reads in 16 bits (host/call_params.h reads_fp8_query)
   int num_heads = 0, headdim = 0;
   RotaryParams rotary;
   bool per_row = false;  // causal / local: row i at start + i

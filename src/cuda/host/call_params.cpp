@@ -102,9 +102,18 @@ RowLayout row_layout(const TensorView& t, bool varlen) {
 // Whether the scores have the q.k term (q may be absent, or ignored with only_qv: spec 3).
 bool uses_qk(const core::Problem& p) { return p.has_q && p.has_k && !p.only_qv; }
 
-// The attention kernels read a 16-bit q: an fp8 q is converted to bf16 into the workspace, with
-// the rotation when rotary is on (as a 16-bit q is rotated there).
-size_t q_copy_elem_bytes(const core::Problem& p) { return p.fp8 ? 2 : dtype_size(p.dtype); }
+// An fp8 q the plan's kernel reads in 16 bits: converted to bf16 into the workspace.
+bool converts_fp8_query(const core::Problem& p, const Plan& plan) { return p.fp8 && !reads_fp8_query(p, plan); }
+
+// Whether the attention reads q from a copy in the workspace: rotated (rotary), or converted.
+bool copies_q(const core::Problem& p, const Plan& plan) {
+  return p.rotary_dim > 0 || converts_fp8_query(p, plan);
+}
+
+// The copy's element: bf16 for a converted fp8 q, else q's own type (rotated, rounded once).
+size_t q_copy_elem_bytes(const core::Problem& p, const Plan& plan) {
+  return converts_fp8_query(p, plan) ? 2 : dtype_size(p.dtype);
+}
 
 DescaleView descale_view(const OptTensor& t) {
   if (!t) return {};
@@ -215,6 +224,10 @@ CombineParams split_combine_params(const core::Problem& p, const Plan& plan, con
 
 }  // namespace
 
+bool reads_fp8_query(const core::Problem& p, const Plan& plan) {
+  return p.fp8 && plan.kernel.family == KernelFamily::sm90;
+}
+
 WorkspaceLayout workspace_layout(const core::Problem& p, const Plan& plan) {
   WorkspaceLayout w;
   size_t at = 0;
@@ -233,9 +246,9 @@ WorkspaceLayout workspace_layout(const core::Problem& p, const Plan& plan) {
     w.work = at;
     at += align_up(size_t(w.work_columns) * sizeof(SplitWork));
   }
-  if ((p.rotary_dim > 0 || p.fp8) && p.has_q) {
+  if (copies_q(p, plan) && p.has_q) {
     w.q_rot = at;
-    at += align_up(rows * size_t(p.headdim) * q_copy_elem_bytes(p));
+    at += align_up(rows * size_t(p.headdim) * q_copy_elem_bytes(p, plan));
   }
   w.total = at;
   return w;
@@ -264,7 +277,7 @@ CallParams call_params(const core::Problem& p, const Plan& plan, const Outputs& 
 
   AttentionParams& at = call.attention;
   at = attention_params(p, plan, outputs, len, cache);
-  if ((p.rotary_dim > 0 || p.fp8) && uses_qk(p)) {  // a q the scores ignore is not copied
+  if (copies_q(p, plan) && uses_qk(p)) {  // a q the scores ignore is not copied
     RotateQParams& rq = call.rotate_q_params;
     call.rotate_q = true;
     rq.len = len;

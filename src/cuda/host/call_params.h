@@ -14,7 +14,7 @@
 namespace kvflash::cuda {
 
 // Workspace layout: [out partials | LSE partials | per-batch splits | split columns | rotated q
-// (an fp8 q: converted to bf16, rotated or not)], 256-aligned.
+// (an fp8 q the kernel reads in 16 bits: converted to bf16, rotated or not)], 256-aligned.
 struct WorkspaceLayout {
   size_t out_partial = 0, lse_partial = 0, splits = 0, work = 0, q_rot = 0, total = 0;
   int work_columns = 0;  // split columns the prepare kernel lists (core::portable_split_columns)
@@ -43,6 +43,11 @@ CallParams call_params(const core::Problem& p, const Plan& plan, const Outputs& 
 // FA3's flash_attn_combine: (splits, b, s, h, d) | (splits, total, h, d) partials.
 CombineParams combine_params(const TensorView& out_partial, const TensorView& lse_partial,
                              const TensorView& out, const OptTensor& lse);
+
+// Whether the plan's attention kernel reads an fp8 q as e4m3 itself (FA3's all-fp8 call on the
+// sm90 family's fp8 kernel): no bf16 copy then, only a rotated e4m3 one with rotary. Every other
+// kernel reads a 16-bit q, an fp8 one converted to bf16 first.
+bool reads_fp8_query(const core::Problem& p, const Plan& plan);
 
 // Packed query rows one attention CTA of the plan's kernel takes.
 int rows_per_cta(const Plan& plan);

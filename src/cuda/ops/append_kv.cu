@@ -1,7 +1,8 @@
 // Appending new K/V rows into the cache (contract 5.2), with rotary on K (quantised into an fp8
 // cache: 5.8), and rotating q into the workspace (an fp8 q converted to bf16 there, rotary or
-// not). Positions come from the device lengths (lengths.cuh); a row whose position or page is out
-// of range is skipped, never written out of bounds.
+// not, unless the kernel reads e4m3: then rotated in e4m3). Positions come from the device
+// lengths (lengths.cuh); a row whose position or page is out of range is skipped, never written
+// out of bounds.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -81,7 +82,8 @@ __global__ void append_kv_kernel(const AppendParams p) {
 }
 
 // q (of type Src) rotated into the workspace as Dst: a rotated channel is rounded to q's own type
-// first (as if q had been rotated in memory), then converted (exactly: e4m3 -> bf16).
+// first (as if q had been rotated in memory; e4m3 saturating, as from_float rounds new K rows),
+// then converted (exactly: e4m3 -> bf16) where Dst is another type.
 template <class Src, class Dst>
 __global__ void rotate_q_kernel(const RotateQParams p) {
   const int b = blockIdx.y;
@@ -129,5 +131,6 @@ template void launch_append_kv<e4m3, e4m3>(const AppendParams&, int, cudaStream_
 template void launch_rotate_q<__nv_bfloat16, __nv_bfloat16>(const RotateQParams&, cudaStream_t);
 template void launch_rotate_q<__half, __half>(const RotateQParams&, cudaStream_t);
 template void launch_rotate_q<e4m3, __nv_bfloat16>(const RotateQParams&, cudaStream_t);
+template void launch_rotate_q<e4m3, e4m3>(const RotateQParams&, cudaStream_t);  // the sm90 fp8 kernel's q
 
 }  // namespace kvflash::cuda

@@ -15,7 +15,8 @@ namespace kvflash::cuda {
 template <class Src, class Cache>
 void launch_append_kv(const AppendParams& p, int max_new_rows, cudaStream_t stream);
 // append_kv.cu: q of type Src rotated (contract 5.2) into a workspace copy of type Dst the
-// attention kernel reads (Src itself, or bf16 for an fp8 q).
+// attention kernel reads (Src itself, e4m3 included, or bf16 for an fp8 q the kernel reads in 16
+// bits).
 template <class Src, class Dst>
 void launch_rotate_q(const RotateQParams& p, cudaStream_t stream);
 
