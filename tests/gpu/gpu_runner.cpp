@@ -16,6 +16,10 @@
 //                                                     keeps the cases over an fp8 e4m3 cache
 //                                                     (FA3's all-fp8 calls and 16-bit queries
 //                                                     over fp8), which a plain draw also makes;
+//                                                     sm90fp8 draws FA3's all-fp8 prefill calls
+//                                                     (d = d_v 64 / 128 / 256, >= 64 query rows)
+//                                                     and keeps those the sm90 family's fp8 kernel
+//                                                     takes (it sets KVFLASH_SM90_FP8=1: opt-in);
 //                                                     KVFLASH_RUNNER_SECONDS=N: no new case
 //                                                     after N seconds (the tally still prints,
 //                                                     where a caller's timeout would leave none)
@@ -95,7 +99,7 @@ bool in_subset(const std::string& only, const KvCacheArgs& a, const KvCacheArgs&
   if (only == "split") return splits > 1;
   if (only == "mla") return true;  // drawn as such (run_random)
   if (only == "fp8") return a.v_cache->dtype == DType::e4m3;
-  if (only == "sm90") return make_plan(dev).kernel.family == KernelFamily::sm90;
+  if (only == "sm90" || only == "sm90fp8") return make_plan(dev).kernel.family == KernelFamily::sm90;
   if (only == "sm90mla") return make_plan(dev).kernel.family == KernelFamily::sm90_mla;
   if (only == "prefill") {  // more than 16 packed query rows: the prefill tile shape
     const TensorView& query = a.q ? *a.q : *a.qv;
@@ -108,7 +112,8 @@ bool in_subset(const std::string& only, const KvCacheArgs& a, const KvCacheArgs&
 int run_random(int count, uint64_t first_seed, const std::string& only) {
   Tally tally;
   const auto start = std::chrono::steady_clock::now();
-  // The sm90 subset draws prefill shapes: head dims the family compiles, >= 64 query rows.
+  // The sm90 subset draws prefill shapes: head dims the family compiles, >= 64 query rows; sm90fp8
+  // the all-fp8 ones its fp8 kernel compiles, which runs only opted in (set before the first plan).
   // KVFLASH_RUNNER_TRACE=1: each case is named on stderr before its call (to find a hang).
   const bool trace = std::getenv("KVFLASH_RUNNER_TRACE") != nullptr;
   const char* seconds_env = std::getenv("KVFLASH_RUNNER_SECONDS");
@@ -116,6 +121,10 @@ int run_random(int count, uint64_t first_seed, const std::string& only) {
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   oracle::CaseLimits limits;
   if (only == "sm90") limits = oracle::sm90_prefill_limits();
+  if (only == "sm90fp8") {
+    limits = oracle::sm90_fp8_prefill_limits();
+    setenv("KVFLASH_SM90_FP8", "1", 1);
+  }
   if (only == "mla" || only == "sm90mla") limits.mla = true, limits.max_work *= 4;  // 128 heads x 1088 MACs per key
   if (only == "sm90mla") limits.max_seqlen_q = core::kSm90MlaMaxSeqlenQ;
   for (uint64_t seed = first_seed; tally.passed + tally.failed < count && seed < first_seed + 20 * count; ++seed) {
@@ -223,6 +232,6 @@ int main(int argc, char** argv) {
   if (mode == "badinput") return run_bad_input();
   if (mode == "bitwise") return run_bitwise(argc > 2 ? std::atoi(argv[2]) : 200);
   if (mode == "streams") return run_streams(argc > 2 ? std::atoi(argv[2]) : 100);
-  std::fprintf(stderr, "usage: %s random <count> [first_seed] [split|prefill|sm90|mla|sm90mla|fp8] | graph | combine | bench [case] | sm90bench [small] | badinput | bitwise [count] | streams [count]\n", argv[0]);
+  std::fprintf(stderr, "usage: %s random <count> [first_seed] [split|prefill|sm90|sm90fp8|mla|sm90mla|fp8] | graph | combine | bench [case] | sm90bench [small] | badinput | bitwise [count] | streams [count]\n", argv[0]);
   return 2;
 }

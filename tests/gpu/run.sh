@@ -3,7 +3,7 @@
 # resource usage of the kernels, >= 1000 random differential cases against the oracle (the sm90
 # family's draws on its default kernels (small tiles for short prompts), the persistent one and the
 # 128-row tiles alone, 300 MLA ones on the portable kernels, 300 on the sm90_mla kernel, its bench
-# rows, 300 fp8 ones),
+# rows, 300 fp8 ones, 300 all-fp8 prefill ones on the sm90 fp8 kernel, opted in),
 # compute-sanitizer memcheck, racecheck, initcheck and synccheck over a subset (memcheck also over
 # issue 18's malformed-call table), bitwise determinism and batch invariance, the same cases from
 # several threads on their own streams, the CUDA-graph
@@ -13,7 +13,7 @@
 # SKIP="memcheck racecheck" leaves the named steps out (to split the runner over two device calls).
 # With `.prebuilt` carried (scripts/prebuild_gpu.sh, run on the dev machine from this same tree)
 # the build step unpacks its programs instead of compiling, and the resource step has no objects.
-#   CASES=1000 FP8_CASES=300 MEMCHECK_CASES=40 RACECHECK_CASES=12 INITCHECK_CASES=12 SYNCCHECK_CASES=12 JOBS=16 tests/gpu/run.sh
+#   CASES=1000 FP8_CASES=300 SM90_FP8_CASES=300 MEMCHECK_CASES=40 RACECHECK_CASES=12 INITCHECK_CASES=12 SYNCCHECK_CASES=12 JOBS=16 tests/gpu/run.sh
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-logs}
@@ -91,6 +91,10 @@ step sm90mla sm90mla.log env KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300
 step mlabench mlabench.log bash -c "'$RUNNER' bench mla && KVFLASH_SM90_MLA=0 '$RUNNER' bench mla"
 # fp8 (issue 15): FA3's all-fp8 calls and 16-bit queries over an fp8 e4m3 cache, from the plain draw.
 step fp8 fp8.log "$RUNNER" random "${FP8_CASES:-300}" 30001 fp8
+# FA3's all-fp8 prefill on the sm90 family's fp8 kernel (opt-in KVFLASH_SM90_FP8=1, which the
+# subset also sets itself): d = d_v 64 / 128 / 256, >= 64 query rows, one split.
+step sm90fp8 sm90fp8.log env KVFLASH_SM90_FP8=1 KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" \
+  "$RUNNER" random "${SM90_FP8_CASES:-300}" 40001 sm90fp8
 step sm90bench sm90bench.log "$RUNNER" sm90bench
 step graph graph.log "$RUNNER" graph
 step combine combine.log "$RUNNER" combine
@@ -98,7 +102,8 @@ step badinput badinput.log "$RUNNER" badinput
 step bitwise bitwise.log "$RUNNER" bitwise 200
 step streams streams.log "$RUNNER" streams 100
 # Sanitizers: any cases, then the split-KV, prefill-shaped, MLA and fp8 subsets (the decode shape
-# dominates a plain random draw) and the CUDA-graph test (splits + append), all appended to one log each.
+# dominates a plain random draw; sm90fp8: all-fp8 prefill on the sm90 fp8 kernel, opted in) and the
+# CUDA-graph test (splits + append), all appended to one log each.
 sanitize() {  # sanitize TOOL CASES FIRST_SEED
   local t="timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool $1 --error-exitcode 9"
   $t "$RUNNER" random "$2" "$3" && $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 100 ))" split &&
@@ -109,7 +114,9 @@ sanitize() {  # sanitize TOOL CASES FIRST_SEED
     env KVFLASH_SM90_SMALL_TILES=0 $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 800 ))" sm90 &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 400 ))" mla &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 500 ))" sm90mla &&
-    $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 600 ))" fp8 && $t "$RUNNER" sm90bench small && $t "$RUNNER" graph
+    $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 600 ))" fp8 &&
+    env KVFLASH_SM90_FP8=1 $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 900 ))" sm90fp8 &&
+    $t "$RUNNER" sm90bench small && $t "$RUNNER" graph
 }
 step memcheck memcheck.log sanitize memcheck "$MEMCHECK_CASES" 5001
 step racecheck racecheck.log sanitize racecheck "$RACECHECK_CASES" 7001
@@ -142,7 +149,7 @@ step floors floors.log floors
 echo
 echo "=== summary ($(head -1 "$OUT/resources.txt")) ==="
 printf '%-10s %s\n' step result
-for s in build random sm90 sm90persistent sm90bigtiles sm80prefill mla sm90mla mlabench fp8 sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
+for s in build random sm90 sm90persistent sm90bigtiles sm80prefill mla sm90mla mlabench fp8 sm90fp8 sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
 grep -h "^random:" "$OUT/random.log" || true
 grep -h "^random sm90" "$OUT/sm90.log" "$OUT/sm90persistent.log" "$OUT/sm90bigtiles.log" || true
 grep -h "^random prefill" "$OUT/sm80prefill.log" || true
@@ -150,6 +157,7 @@ grep -h "^random mla" "$OUT/mla.log" || true
 grep -h "^random sm90mla" "$OUT/sm90mla.log" || true
 grep -hE "^mla |plan:" "$OUT/mlabench.log" || true
 grep -h "^random fp8" "$OUT/fp8.log" || true
+grep -h "^random sm90fp8" "$OUT/sm90fp8.log" || true
 grep -h "^sm90bench\|^b[0-9]" "$OUT/sm90bench.log" || true
 grep -h "^random " "$OUT/memcheck.log" "$OUT/racecheck.log" "$OUT/initcheck.log" "$OUT/synccheck.log" || true
 grep -h "^badinput:" "$OUT/badinput.log" "$OUT/memcheck_badinput.log" || true
