@@ -7,7 +7,8 @@ values, and out / LSE against the float64 reference run on the dequantised cache
 import numpy as np
 import pytest
 
-from kvflash.flash_attn_interface import flash_attn_with_kvcache
+from kvflash import flash_attn_interface as fai
+from kvflash.flash_attn_interface import flash_attn_with_kvcache, get_scheduler_metadata
 from reference import reference_kvcache
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -99,3 +100,18 @@ def test_q_descale_with_16_bit_query_is_refused():
     kw["q_descale"] = kw["k_descale"]
     with pytest.raises(ValueError, match="q_descale is only for a float8_e4m3fn query"):
         flash_attn_with_kvcache(**kw)
+
+
+def test_fp8_metadata_means_the_all_fp8_call():
+    """get_scheduler_metadata's one qkv_dtype: float8_e4m3fn plans FA3's all-fp8 call
+    (PlanKey.fp8_query), which a 16-bit query over an fp8 cache still takes where the plans agree
+    (the CPU here; on sm_90 with KVFLASH_SM90_FP8=1 a prefill is refused naming fp8_query)."""
+    kw, *_ = make_call(ml_dtypes.bfloat16, seed=4)
+    own = flash_attn_with_kvcache(**kw)
+    args = dict(batch_size=B, max_seqlen_q=1, max_seqlen_k=S_K, num_heads_q=H, num_heads_kv=HK,
+                headdim=D, cache_seqlens=kw["cache_seqlens"], max_seqlen_k_new=S_NEW, causal=True)
+    fp8 = get_scheduler_metadata(**args, qkv_dtype=E4M3)
+    assert fai._plan_for(fp8).key.fp8_query
+    assert not fai._plan_for(get_scheduler_metadata(**args, qkv_dtype=ml_dtypes.bfloat16)).key.fp8_query
+    kw, *_ = make_call(ml_dtypes.bfloat16, seed=4)  # the first call appended into its cache
+    np.testing.assert_array_equal(flash_attn_with_kvcache(**kw, scheduler_metadata=fp8), own)
