@@ -23,6 +23,10 @@ namespace kvflash::cuda::sm90 {
 
 using namespace cute;
 
+// P = exp2(score - max + kFp8MaxOffset) in [0, 2^8]: e4m3 (up to 448) then keeps the terms down
+// to 2^-17 of the row's largest, not 2^-9 (FA3's offset; RowSoftmax takes it out of the sum).
+constexpr int kFp8MaxOffset = 8;
+
 // The threads of the producer group that transpose V (warps 1-3; warp 0 issues the TMA copies).
 constexpr int kTransposeThreads = 96;
 

@@ -358,7 +358,7 @@ __device__ __forceinline__ void consume(const PrefillParams<T>& params, typename
   Tensor rc = make_tensor(tScS.data(), rows_cols(tScS.layout()));
   constexpr int kRows = decltype(size<0>(rc))::value;
   const SeqLens& seq = start.col.seq;
-  RowSoftmax<kRows> sm(p, start, row0, T::kBlockM, rc);
+  RowSoftmax<kRows, T::kFp8 ? kFp8MaxOffset : 0> sm(p, start, row0, T::kBlockM, rc);
   const Fp8Descales descales = T::kFp8 ? Fp8Descales(p, start.col.b, head / params.kv_group) : Fp8Descales();
   const ScoreScale scale(p, descales.qk);
   auto softmax = [&](auto& tSrS, int n, auto& alpha) { sm.template step<T::kBlockN>(tSrS, rc, n * T::kBlockN, scale, alpha); };

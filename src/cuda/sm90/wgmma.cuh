@@ -65,8 +65,10 @@ __device__ __forceinline__ void warpgroup_gemm(Mma& mma, TA const& a, TB const& 
 // The online softmax over a thread's kRows rows of score tiles in the accumulator layout (`rc`:
 // rows_cols of the tile's identity partition, so rc(r, c) is (tile row, tile column)). Tile row r
 // is packed row row0 + r of the CTA's sequence (core/mask.h gives its visible keys); max in log2
-// units.
-template <int kRows>
+// units. kMaxOffset: P is exp2(score - max + kMaxOffset), up to 2^kMaxOffset (FA3's fp8 path: 8,
+// so that P in e4m3 keeps the small terms subnormals would lose; the sum carries the same factor,
+// taken out in finish()).
+template <int kRows, int kMaxOffset = 0>
 struct RowSoftmax {
   float row_max[kRows], row_sum[kRows];
   int key_lo[kRows], key_hi[kRows];  // each row's visible keys within the CTA's range
@@ -124,10 +126,12 @@ struct RowSoftmax {
       const float base = new_max == -INFINITY ? 0.0f : new_max;  // all masked: exp2(-inf) = 0
       alpha[r] = fast_exp2(row_max[r] - base);
       row_max[r] = new_max;
+      float p_base = base;
+      if constexpr (kMaxOffset != 0) p_base -= float(kMaxOffset);
       float sum = 0.0f;
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
-        s(r, c) = fast_exp2(fmaf(s(r, c), exp_scale, -base));
+        s(r, c) = fast_exp2(fmaf(s(r, c), exp_scale, -p_base));
         sum += s(r, c);
       }
       row_sum[r] = row_sum[r] * alpha[r] + sum;
@@ -142,11 +146,14 @@ struct RowSoftmax {
     float l = row_sum[r];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
+    constexpr float kOffsetScale = 1.0f / float(1 << kMaxOffset);  // the sum and output carry 2^kMaxOffset
+    if constexpr (kMaxOffset != 0) l *= kOffsetScale;
     float m = row_max[r];
     const float keys_scale =
         start.add_sink ? fold_sink(sink_log2(p, hk, min(idx, start.packed_rows - 1)), m, l) : 1.0f;
     const bool nonempty = l > 0.0f && m != -INFINITY;
     lse = nonempty ? (m + log2f(l)) * kLn2 : -INFINITY;
+    if constexpr (kMaxOffset != 0) return nonempty ? keys_scale / l * kOffsetScale : 0.0f;
     return nonempty ? keys_scale / l : 0.0f;
   }
 };
