@@ -3,7 +3,8 @@
 // fp8 tile (d 64, 128, 256):
 //  - fp8_tile_offset is CuTe's V and V^T shared-memory layouts at every element of every stage;
 //  - the transposers' walk, run by hand over a V stage of random bytes (the units of all 96
-//    threads, their prmt byte transpose, the keys past the sequence's end as zeros), writes every
+//    threads at Fp8TransposeAddresses' offsets, which equal fp8_tile_offset at the unit's keys and
+//    channels, their prmt byte transpose, the keys past the sequence's end as zeros), writes every
 //    byte of the V^T stage once, and V^T(c, slot) is V(key of slot, c);
 //  - P's A operand: for every consumer thread, A value a (CuTe's partition of the P V GEMM's A)
 //    is the thread's accumulator value fp8_p_source(a) (CuTe's partition of the S GEMM's C): the
@@ -65,20 +66,26 @@ int transposers_write_v_transposed(int valid, int& load_ways, int& store_ways) {
     for (int c = 0; c < D; ++c) v_stage[sm90::fp8_tile_offset<N, D>(key, c)] = v[key * D + c] = uint8_t(rng());
   }
   load_ways = store_ways = 0;
+  int bad = 0;
   for (int warp = 0; warp < sm90::kTransposeThreads / 32; ++warp) {
     for (int it = warp; it < kUnits; it += sm90::kTransposeThreads / 32) {
       std::vector<uint32_t> loads[4], stores[4];
       for (uint32_t lane = 0; lane < 32; ++lane) {
         const sm90::Fp8TransposeUnit unit(it, lane, kSlices);
-        uint32_t w[4], o[4];
+        const sm90::Fp8TransposeAddresses<N, D> addr(lane);
+        uint32_t load_at[4], store_at[4], w[4], o[4];
+        addr.loads(unit.slice, unit.group, load_at);
+        addr.stores(unit.slice, unit.group, store_at);
         for (int j = 0; j < 4; ++j) {
-          const uint32_t at = sm90::fp8_tile_offset<N, D>(unit.key(j), unit.c0);
+          const uint32_t at = load_at[j];
+          bad += at != sm90::fp8_tile_offset<N, D>(unit.key(j), unit.c0);
           loads[j].push_back(at);
           w[j] = int(unit.key(j)) < valid ? load_word(v_stage, at) : 0u;
         }
         sm90::transpose_4x4_bytes(w, o);
         for (int i = 0; i < 4; ++i) {
-          const uint32_t at = sm90::fp8_tile_offset<D, N>(unit.store_channel(i), unit.slot0);
+          const uint32_t at = store_at[i];
+          bad += at != sm90::fp8_tile_offset<D, N>(unit.store_channel(i), unit.slot0);
           const uint32_t word = unit.flip ? o[i ^ 2] : o[i];
           stores[i].push_back(at);
           for (int b = 0; b < 4; ++b) vt_stage[at + b] = uint8_t(word >> (8 * b)), ++writes[at + b];
@@ -90,7 +97,6 @@ int transposers_write_v_transposed(int valid, int& load_ways, int& store_ways) {
       }
     }
   }
-  int bad = 0;
   for (int n : writes) bad += n != 1;
   for (int c = 0; c < D; ++c) {
     for (int slot = 0; slot < N; ++slot) {

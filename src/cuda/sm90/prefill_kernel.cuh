@@ -84,11 +84,13 @@ struct PrefillTraits {
   static_assert(!kFp8 || (kConsumerWGs_ == 2 && kOverlap_ && !kPingPong_ && !kPersistent_ && kHeadDim_ == kHeadDimV_),
                 "fp8: rung 3's kernel at d == d_v");
   static constexpr bool kReallocate = kConsumerWGs == 2 || kCtasPerSm == 2;
-  // The transposers (fp8) keep more than the TMA lane needs: their unit's words and addresses.
-  static constexpr int kProducerRegs = kFp8 ? 40 : 24;
+  // The transposers (fp8) keep more than the TMA lane needs: their lane's address constants, a
+  // unit's words and addresses, two pipelines' states (40 spilled them); fp8's consumers need
+  // fewer than 16 bits' (P in half the registers).
+  static constexpr int kProducerRegs = kFp8 ? 56 : 24;
   static constexpr int kLaunchRegs = 65536 / (kThreads * kCtasPerSm) / 8 * 8;
   static constexpr int kConsumerRegs = (kLaunchRegs * kThreads - 128 * kProducerRegs) / kConsumerThreads / 8 * 8;
-  static_assert(!kReallocate || kConsumerRegs >= 232, "the consumers' registers");
+  static_assert(!kReallocate || kConsumerRegs >= (kFp8 ? 224 : 232), "the consumers' registers");
   static_assert(kBlockM == 64 * kConsumerWGs || (kConsumerWGs == 1 && kBlockM == 128), "64 rows per atom");
   // Keys of one TMA copy of K or V (a unit): a whole block (dense caches, pages of whole blocks),
   // or one page of kPageKeys < kBlockN keys, kUnits of them per block.
