@@ -146,6 +146,18 @@ def test_cli_dry_run_writes_everything(tmp_path, capsys):
     assert "decode.png" in files
 
 
+def test_results_name_the_kvflash_switches_of_the_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVFLASH_SM90_FP8", "1")
+    monkeypatch.setenv("KVFLASH_COMMIT", "abc1234")
+    out = tmp_path / "out"
+    code = cli.main(["--device", "cpu", "--tiny", "--cases", "decode b2 q1", "--peers", "kvflash",
+                     "--min-reps", "2", "--max-reps", "2", "--out", str(out)])
+    assert code == 0
+    text = (out / "results.md").read_text()
+    assert "`KVFLASH_SM90_FP8=1 python -m kvflash.bench" in text
+    assert "KVFLASH_COMMIT=" not in text
+
+
 def test_peers_list_keeps_kvflash():
     names = [s.name for s in cli.select_systems(cli.parse_args(["--device", "cpu", "--peers", "sdpa-math"]))]
     assert names == ["kvflash", "sdpa-math"]

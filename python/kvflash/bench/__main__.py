@@ -97,6 +97,13 @@ def git_commit():
         return "unknown"
 
 
+def switches():
+    """kvflash's KVFLASH_* switches set for this run (kernel opt-ins / opt-outs change the rows),
+    as `NAME=value ` prefixes of the command; KVFLASH_COMMIT only names the commit."""
+    return "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(os.environ.items())
+                   if k.startswith("KVFLASH_") and k != "KVFLASH_COMMIT")
+
+
 def versions():
     import torch
 
@@ -164,7 +171,7 @@ def main(argv=None):
         print("[bench] the suite stopped early (traceback above); reporting the rows made so far", flush=True)
     meta = dict(ceilings, commit=git_commit(), gpu=device_name(args.device),
                 date=date.strftime("%Y-%m-%d %H:%M UTC"), versions=versions(),
-                command="python -m kvflash.bench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+                command=switches() + "python -m kvflash.bench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
                 method=method_text(args), build=[line for system in systems for line in system.setup_report()])
     results = Results(rows, meta, order=cases)
     write_csv(results, os.path.join(out_dir, "results.csv"))
