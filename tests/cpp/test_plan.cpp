@@ -550,15 +550,22 @@ TEST(PlanCpu, HeuristicUsesHardwareThreads) {
   EXPECT_EQ(static_plan(decode_key(1, 8192, 0, 64)).num_splits, 7);
 }
 
-TEST(SchedulerMetadata, MatchesTheCallAndReadsLengths) {
-  std::vector<int32_t> cache_seqlens = {1000, 10};
+// get_scheduler_metadata's arguments for dense_problem(batch, seqlen_q, seqlen_k)'s shape (8 / 2
+// heads, d 64).
+SchedulerArgs dense_scheduler_args(int batch, int seqlen_q, int seqlen_k) {
   SchedulerArgs args;
-  args.batch_size = 2;
-  args.max_seqlen_q = 4;
-  args.max_seqlen_k = 1024;
+  args.batch_size = batch;
+  args.max_seqlen_q = seqlen_q;
+  args.max_seqlen_k = seqlen_k;
   args.num_heads_q = 8;
   args.num_heads_kv = 2;
   args.headdim = 64;
+  return args;
+}
+
+TEST(SchedulerMetadata, MatchesTheCallAndReadsLengths) {
+  std::vector<int32_t> cache_seqlens = {1000, 10};
+  SchedulerArgs args = dense_scheduler_args(2, 4, 1024);
   args.num_splits = 4;
   args.cache_seqlens = TensorView::contiguous(cache_seqlens.data(), DType::i32, {2});
   const Plan plan = get_scheduler_metadata(args);
@@ -582,13 +589,7 @@ TEST(SchedulerMetadata, MatchesTheCallAndReadsLengths) {
 // fp8_query alone, accepted where the decisions agree (here the CPU's; refused where they differ:
 // PlanCompatibility.Fp8QueryRefusedWhereTheSm90Fp8KernelWouldRun).
 TEST(SchedulerMetadata, Fp8QkvDtypeMeansTheAllFp8Call) {
-  SchedulerArgs args;
-  args.batch_size = 2;
-  args.max_seqlen_q = 4;
-  args.max_seqlen_k = 1024;
-  args.num_heads_q = 8;
-  args.num_heads_kv = 2;
-  args.headdim = 64;
+  SchedulerArgs args = dense_scheduler_args(2, 4, 1024);
   args.qkv_dtype = DType::e4m3;
   const Plan plan = get_scheduler_metadata(args);
   EXPECT_TRUE(plan.key.fp8_query);
@@ -607,13 +608,9 @@ TEST(SchedulerMetadata, Fp8QkvDtypeMeansTheAllFp8Call) {
 }
 
 TEST(SchedulerMetadata, RejectsBadArguments) {
-  SchedulerArgs args;
-  args.batch_size = 1;
-  args.max_seqlen_q = 1;
-  args.max_seqlen_k = 128;
+  SchedulerArgs args = dense_scheduler_args(1, 1, 128);
   args.num_heads_q = 6;
   args.num_heads_kv = 4;
-  args.headdim = 64;
   expect_error([&] { get_scheduler_metadata(args); },
                {"Number of heads in key/value must divide number of heads in query"});
   args.num_heads_kv = 2;
