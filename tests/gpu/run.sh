@@ -8,7 +8,8 @@
 # issue 18's malformed-call table), bitwise determinism and batch invariance, the same cases from
 # several threads on their own streams, the CUDA-graph
 # decode test, timings,
-# issue 3's speed floors measured by `kvflash bench`, then a summary table. Logs go to $OUT (or
+# issue 3's speed floors measured by `kvflash bench`, issue 15's fp8 prefill against bf16 (sm90
+# fp8 kernel opted in), then a summary table. Logs go to $OUT (or
 # ./gpu-logs).
 # SKIP="memcheck racecheck" leaves the named steps out (to split the runner over two device calls).
 # With `.prebuilt` carried (scripts/prebuild_gpu.sh, run on the dev machine from this same tree)
@@ -145,11 +146,23 @@ floors() {
       --dtype bf16 --heads 16 --kv-heads 16 --page-size 16 --num-splits 1
 }
 step floors floors.log floors
+# Issue 15's fp8 prefill: FA3's all-fp8 call on the sm90 fp8 kernel (opted in) beside bf16 in one
+# program run each, 16k tokens, 16 heads, dense: d 128 / 64 / 256 non-causal, d 128 causal
+# (targets, d 128 non-causal: >= 1,000 TFLOP/s and >= 1.4x bf16).
+fp8_prefill() {
+  local d mask
+  for d in 128:--non-causal 64:--non-causal 256:--non-causal 128:; do
+    mask=${d#*:}
+    KVFLASH_SM90_FP8=1 "$BUILD/kvflash" bench --device cuda --context none --prefill 16384 --prefill-batch 1 \
+      --heads 16 --kv-heads 16 --head-dim "${d%%:*}" --page-size 0 --dtype fp8,bf16 $mask || return 1
+  done
+}
+step fp8prefill fp8prefill.log fp8_prefill
 
 echo
 echo "=== summary ($(head -1 "$OUT/resources.txt")) ==="
 printf '%-10s %s\n' step result
-for s in build random sm90 sm90persistent sm90bigtiles sm80prefill mla sm90mla mlabench fp8 sm90fp8 sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
+for s in build random sm90 sm90persistent sm90bigtiles sm80prefill mla sm90mla mlabench fp8 sm90fp8 sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors fp8prefill; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
 grep -h "^random:" "$OUT/random.log" || true
 grep -h "^random sm90" "$OUT/sm90.log" "$OUT/sm90persistent.log" "$OUT/sm90bigtiles.log" || true
 grep -h "^random prefill" "$OUT/sm80prefill.log" || true
@@ -171,3 +184,4 @@ grep -hE "Function|REG" "$OUT/resources.txt" | head -12 || true
 grep -h "HMMA\|HGMMA\|LDGSTS" "$OUT/resources.txt" || true
 tail -n 6 "$OUT/bench.log"
 grep -hE "^(decode|prefill) " "$OUT/floors.log" || tail -n 12 "$OUT/floors.log"
+grep -hE "^(decode|prefill) " "$OUT/fp8prefill.log" || tail -n 12 "$OUT/fp8prefill.log"
