@@ -77,9 +77,9 @@ template <int kRows, int kCols>
 __host__ __device__ constexpr uint32_t fp8_tile_offset(uint32_t row, uint32_t col) {
   constexpr uint32_t W = kCols % 128 == 0 ? 128 : 64;
   static_assert(kCols % W == 0 && kRows % 8 == 0);
-  const uint32_t in_atom = row % 8, swizzle = W == 128 ? in_atom : in_atom / 2;
+  const uint32_t swizzle = W == 128 ? row % 8 : row % 8 / 2;
   const uint32_t chunk = ((col % W) / 16) ^ swizzle;
-  return (col / W) * (kRows * W) + (row / 8) * (8 * W) + in_atom * W + chunk * 16 + col % 16;
+  return (col / W) * (kRows * W) + row * W + chunk * 16 + col % 16;
 }
 
 // A transposer's unit (iteration `it` of lane `lane`, a tile of kSlices 32-key slices): the 4
@@ -95,7 +95,7 @@ struct Fp8TransposeUnit {
   uint32_t slice, group, h, q, c0, slot0, flip;
   __host__ __device__ constexpr Fp8TransposeUnit(uint32_t it, uint32_t lane, uint32_t slices)
       : slice(it % slices), group((it / slices) ^ (lane / 16)), h(lane / 16), q((lane / 4) % 4),
-        c0(((it / slices) ^ (lane / 16)) * 16 + 4 * (lane % 4)),
+        c0(group * 16 + 4 * (lane % 4)),
         slot0(32 * (it % slices) + 16 * (lane / 16) + 4 * ((lane / 4) % 4)), flip(lane & 2) {}
   __host__ __device__ constexpr uint32_t key(int j) const { return 32 * slice + fp8_slot_key(16 * h + 4 * q + j); }
   __host__ __device__ constexpr uint32_t store_channel(int i) const { return c0 + (uint32_t(i) ^ flip); }
