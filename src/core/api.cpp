@@ -270,9 +270,9 @@ void PreparedCall::run(const Outputs& outputs, const RunOptions& options) const 
   const Problem& p = state_->problem;
   const Plan& plan = state_->plan;
   const Outputs checked = checked_outputs(p, outputs, plan.num_splits);
-  if (plan.num_splits > 1 && !checked.out_accum) {
-    check_workspace(options.workspace, state_->backend.workspace_size(p, plan));
-  }
+  // Also with one split or the caller's partials: the CUDA backend keeps the per-batch splits and
+  // the query copies (rotated, converted or scaled q / qv) there too.
+  check_workspace(options.workspace, state_->backend.workspace_size(p, plan));
   state_->backend.run(p, plan, checked, options);
 }
 

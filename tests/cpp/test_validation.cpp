@@ -484,6 +484,15 @@ TEST(Call, WorkspaceTooSmall) {
   options.workspace = Workspace{&byte, 1};
   EXPECT_TRUE(fails_with([&] { flash_attn_with_kvcache(c.args, c.outputs, options); }, kValue,
                          "workspace is too small"));
+  // Checked whatever the outputs: with the caller's own partial buffers too.
+  const OutputSpec spec = output_spec(c.args);
+  ASSERT_GT(spec.num_splits, 1);
+  const auto shape = [](const TensorSpec& t) { return std::vector<int64_t>(t.shape, t.shape + t.rank); };
+  c.outputs.out_accum = c.tensor(DType::f32, shape(spec.out_accum));
+  c.outputs.softmax_lse_accum = c.tensor(DType::f32, shape(spec.softmax_lse_accum));
+  EXPECT_TRUE(fails_with([&] { flash_attn_with_kvcache(c.args, c.outputs, options); }, kValue,
+                         "workspace is too small"));
+  EXPECT_NO_THROW(flash_attn_with_kvcache(c.args, c.outputs));  // the call's own workspace
 }
 
 TEST(Call, CudaTensorsNeedTheCudaBackend) {
