@@ -174,10 +174,10 @@ KVFLASH_HD constexpr int family_ctas_per_sm(KernelFamily family) {
 // Head dims of the instantiation that runs (d, d_v): (192, 128) for its own shape, (64, 512) for
 // MLA's (d_v above 256, which the contract allows only with d <= 64, and every call with qv,
 // whose d <= 64 and d_v >= 256: one instantiation for the qv.v scores, d_v 256 zero-padded),
-// else the wider rounded dim for both (core/tile_size.h round_up_headdim). fp8 (an fp8 cache,
-// under any query) has only 64, 128 and 256 (src/cuda/instantiations.def): its wider dim rounds
-// up to one of them; the sm80 tile is the same as for the rounded dim (tile_size_sm80 changes
-// only at 64 and 128).
+// else the wider rounded dim for both (core/tile_size.h round_up_headdim), in 16 bits and over
+// an fp8 cache alike. Otherwise fp8 (an fp8 cache, under any query) has only 64, 128 and 256
+// (src/cuda/instantiations.def): its wider dim rounds up to one of them; the sm80 tile is the
+// same as for the rounded dim (tile_size_sm80 changes only at 64 and 128).
 struct InstanceDims {
   int headdim = 0;
   int headdim_v = 0;

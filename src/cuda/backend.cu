@@ -1,5 +1,5 @@
 // The CUDA backend: turns a resolved Problem and its Plan into kernel parameters and enqueues
-// append -> (rotate q) -> (prepare splits) -> attention -> (combine) on the caller's stream. With a
+// append -> (copy q / qv) -> (prepare splits) -> attention -> (combine) on the caller's stream. With a
 // workspace given it allocates nothing and never synchronises, so a call can be captured in a
 // CUDA graph; without one it takes stream-ordered scratch (cudaMallocAsync / cudaFreeAsync).
 #include <cuda_bf16.h>
@@ -96,25 +96,28 @@ AttentionLauncher attention_launcher(const Plan& plan, RowType type) {
                   std::to_string(plan.kernel.headdim_v) + " is not in this build (KVFLASH_CUDA_MINIMAL?)");
 }
 
-// q (of type Src) into the workspace copy the attention reads: rotated in its own type, or an fp8
-// q the plan's kernel reads in 16 bits converted to bf16 (rotated first when rotary is on).
+// q or qv (of type Src) into the workspace copy the attention reads: rotated or scaled in its own
+// type, or an fp8 q the plan's kernel reads in 16 bits converted to bf16 (rotated first when
+// rotary is on).
 template <class Src>
-void launch_q_copy(const core::Problem& p, const Plan& plan, const RotateQParams& params, cudaStream_t stream) {
+void launch_q_copy(const core::Problem& p, const Plan& plan, const QueryCopyParams& params, cudaStream_t stream) {
   if constexpr (std::is_same_v<Src, e4m3>) {
-    if (!reads_fp8_query(p, plan)) return launch_rotate_q<e4m3, __nv_bfloat16>(params, stream);
+    if (!reads_fp8_query(p, plan)) return launch_query_copy<e4m3, __nv_bfloat16>(params, stream);
   }
-  launch_rotate_q<Src, Src>(params, stream);
+  launch_query_copy<Src, Src>(params, stream);
 }
 
 // Every check that can refuse the call first, then the kernels: a refused call writes nothing.
 // Src: q's and new K/V's element, Cache: the caches'. The attention reads q as Src (from the
-// workspace when rotated), or an fp8 q as bf16 converted there (launch_q_copy).
+// workspace when rotated or scaled), or an fp8 q as bf16 converted there (launch_q_copy); qv from
+// its scaled copy over an fp8 cache.
 template <class Src, class Cache>
 void run_typed(const core::Problem& p, const Plan& plan, const CallParams& call, cudaStream_t stream) {
   const AttentionLauncher launch_attention = attention_launcher(plan, call_row_type(p, plan));
   check_launchable(call, plan);
   if (call.append) launch_append_kv<Src, Cache>(call.append_params, call.append_rows, stream);
-  if (call.rotate_q) launch_q_copy<Src>(p, plan, call.rotate_q_params, stream);
+  if (call.copy_q) launch_q_copy<Src>(p, plan, call.q_copy, stream);
+  if (call.copy_qv) launch_q_copy<Src>(p, plan, call.qv_copy, stream);
   if (call.prepare) launch_prepare(call.prepare_params, stream);
   const bool overlap = has_programmatic_launch(p.device.id);  // common/launch.cuh
   launch_attention(call.attention, plan.kernel.shape, overlap, stream);

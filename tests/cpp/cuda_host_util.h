@@ -1,6 +1,6 @@
-// Helpers of the CUDA host tests (test_cuda_host.cpp, test_cuda_fp8.cpp): the instantiation table
-// as the dispatcher reads it, what the CUDA backend supports of a call, and the calls the tests
-// build (a decode call with its own buffers, a prefill key).
+// Helpers of the CUDA host tests (test_cuda_host.cpp, test_cuda_fp8.cpp, test_cuda_mla_fp8.cpp):
+// the instantiation table as the dispatcher reads it, what the CUDA backend supports of a call, and
+// the calls the tests build (a decode call and an MLA call with their own buffers, a prefill key).
 #pragma once
 
 #include <cstdint>
@@ -56,6 +56,15 @@ inline bool cuda_supports(const core::Problem& p, const Outputs& outputs) {
   }
 }
 
+// A call validated and resolved, with its plan key for a GPU of 132 SMs of the given arch (an
+// H100 / H200 by default).
+inline core::Problem planned_problem(const KvCacheArgs& args, int arch = 90) {
+  validate(args);
+  core::Problem p = core::resolve(args);
+  p.key = core::plan_key(p, core::DeviceInfo{132, arch});
+  return p;
+}
+
 // A prefill call's key before canonical_key: 4096 query rows and keys, 16 heads, d 128, bf16.
 inline PlanKey prefill_key() {
   PlanKey raw;
@@ -92,12 +101,36 @@ struct DecodeCall {
     outputs.softmax_lse = TensorView::contiguous(lse.data(), DType::f32, {b, h, 1});
   }
 
-  core::Problem problem() const {
-    validate(args);
-    core::Problem p = core::resolve(args);
-    p.key = core::plan_key(p, core::DeviceInfo{132, 90});
-    return p;
+  core::Problem problem() const { return planned_problem(args); }
+};
+
+// An MLA call (SGLang's FA3 backend): q and k_cache the rotary part (d 64), v_cache the latent
+// cache and qv the absorbed query (d_v, 512 by default), `heads` query heads on one KV head, pages
+// of 16.
+struct MlaCall {
+  std::vector<uint16_t> q, qv, k_cache, v_cache, out;
+  std::vector<int32_t> page_table;
+  std::vector<float> lse;
+  KvCacheArgs args;
+  Outputs outputs;
+
+  MlaCall(int b, int s_q, int h, int dv = 512) {
+    const int d = 64, pages = 4 * b, page = 16;
+    q.resize(size_t(b) * s_q * h * d), qv.resize(size_t(b) * s_q * h * dv), out.resize(qv.size());
+    k_cache.resize(size_t(pages) * page * d), v_cache.resize(size_t(pages) * page * dv);
+    page_table.resize(size_t(pages)), lse.resize(size_t(b) * h * s_q);
+    for (size_t i = 0; i < page_table.size(); ++i) page_table[i] = int32_t(i);
+    args.q = TensorView::contiguous(q.data(), DType::bf16, {b, s_q, h, d});
+    args.qv = TensorView::contiguous(qv.data(), DType::bf16, {b, s_q, h, dv});
+    args.k_cache = TensorView::contiguous(k_cache.data(), DType::bf16, {pages, page, 1, d});
+    args.v_cache = TensorView::contiguous(v_cache.data(), DType::bf16, {pages, page, 1, dv});
+    args.page_table = TensorView::contiguous(page_table.data(), DType::i32, {b, 4});
+    args.cache_seqlens_value = 60;
+    outputs.out = TensorView::contiguous(out.data(), DType::bf16, {b, s_q, h, dv});
+    outputs.softmax_lse = TensorView::contiguous(lse.data(), DType::f32, {b, h, s_q});
   }
+
+  core::Problem problem(int arch = 90) const { return planned_problem(args, arch); }
 };
 
 }  // namespace kvflash::testing

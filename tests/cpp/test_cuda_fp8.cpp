@@ -27,10 +27,10 @@ namespace {
 
 using namespace testing;  // the table and the calls (cuda_host_util.h), ScopedEnv
 
-// Every head-dim pair an fp8 cache takes (multiples of 16 up to 256, no qv: refused over fp8) has
-// its sm80 row, under both 16-bit queries (and fp8's, which runs bf16's): 64, 128 or 256, the
-// wider dim rounded up; sm_90 gives no such call to its own family, prefill shapes included
-// (the all-fp8 call opted in: Sm90Fp8RuleRow).
+// Every head-dim pair an fp8 cache takes without qv (multiples of 16 up to 256; qv's calls:
+// test_cuda_mla_fp8.cpp) has its sm80 row, under both 16-bit queries (and fp8's, which runs
+// bf16's): 64, 128 or 256, the wider dim rounded up; sm_90 gives no such call to its own family,
+// prefill shapes included (the all-fp8 call opted in: Sm90Fp8RuleRow).
 TEST(KernelFamily, EveryFp8HeadDimHasAnInstantiation) {
   for (int d = 16; d <= 256; d += 16) {
     for (int dv = 16; dv <= 256; dv += 16) {
@@ -90,10 +90,10 @@ TEST(CudaParams, Fp8CallsRunOnThePortableKernels) {
       std::vector<char> workspace(layout.total);
       const cuda::CallParams c = cuda::call_params(p, plan, call.outputs, workspace.data());
       const bool fp8_q = q == DType::e4m3;
-      EXPECT_EQ(c.rotate_q, rotary || fp8_q);
-      if (c.rotate_q) {
-        EXPECT_EQ(c.attention.q.data, workspace.data() + layout.q_rot);
-        EXPECT_EQ(layout.total - layout.q_rot, size_t(2 * 4 * 64 * 2));  // b x h x d, 2 bytes each
+      EXPECT_EQ(c.copy_q, rotary || fp8_q);
+      if (c.copy_q) {
+        EXPECT_EQ(c.attention.q.data, workspace.data() + layout.q_copy);
+        EXPECT_EQ(layout.total - layout.q_copy, size_t(2 * 4 * 64 * 2));  // b x h x d, 2 bytes each
       }
       EXPECT_EQ(c.out_type, q == DType::f16 ? cuda::ElemType::f16 : cuda::ElemType::bf16);
       EXPECT_EQ(c.attention.q_descale.data, fp8_q ? call.descales.data() : nullptr);
@@ -171,37 +171,6 @@ TEST(KernelFamily, GpuRunnerFp8StepCoversTheContract) {
   }
   EXPECT_GE(prefill, 80);  // 116 of 300
   EXPECT_GE(wide_prefill, 30);  // 64
-}
-
-// What the CUDA backend still refuses of fp8: qv over an fp8 cache (the qv.v term would take the
-// V descale apart from q.k's K descale within one score), by name, before anything is launched;
-// every other fp8 call of the random case space is taken.
-TEST(CudaParams, QvOverAnFp8CacheIsRefusedByName) {
-  int refused = 0, taken = 0;
-  for (uint64_t seed = 1; seed <= 1500; ++seed) {
-    oracle::Case c = oracle::make_random_case(seed);
-    if (c.args.v_cache->dtype != DType::e4m3) continue;
-    validate(c.args);
-    const core::Problem p = core::resolve(c.args);
-    const oracle::CaseOutputs outs = oracle::allocate_outputs(output_spec(c.args), false);
-    SCOPED_TRACE(oracle::describe(c));
-    std::string error;  // "" when taken
-    try {
-      cuda::check_supported(p, outs.outputs);
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::unsupported);
-      error = e.argument() + ": " + e.what();
-    }
-    if (p.has_qv) {
-      EXPECT_EQ(error, "qv: qv over an fp8 (e4m3) KV cache is not supported on CUDA yet");
-      ++refused;
-    } else {  // (host buffers of some cases are refused for their 16-byte row alignment)
-      EXPECT_EQ(error.find("fp8"), std::string::npos) << error;
-      taken += error.empty();
-    }
-  }
-  EXPECT_GT(refused, 10);
-  EXPECT_GT(taken, 100);
 }
 
 // FA3's all-fp8 call as the family rule sees it on an H200, opted in: a 4096-row prefill at d 128.
@@ -366,12 +335,7 @@ struct Fp8PrefillCall {
     outputs.softmax_lse = TensorView::contiguous(lse.data(), DType::f32, {1, kHeads, kRows});
   }
 
-  core::Problem problem() const {
-    validate(args);
-    core::Problem p = core::resolve(args);
-    p.key = core::plan_key(p, core::DeviceInfo{132, 90});
-    return p;
-  }
+  core::Problem problem() const { return planned_problem(args); }
 };
 
 // On the sm90 fp8 plan the attention reads q as e4m3: the caller's q itself (no workspace), or
@@ -395,11 +359,11 @@ TEST(CudaParams, Sm90Fp8PlanReadsQAsE4m3) {
       std::vector<char> workspace(layout.total);
       const cuda::CallParams c = cuda::call_params(p, plan, call.outputs, workspace.data());
       const bool copy = rotary || !opted_in;
-      EXPECT_EQ(c.rotate_q, copy);
+      EXPECT_EQ(c.copy_q, copy);
       if (copy) {
-        EXPECT_EQ(c.rotate_q_params.q.data, call.q.data());
-        EXPECT_EQ(c.attention.q.data, workspace.data() + layout.q_rot);
-        EXPECT_EQ(layout.total - layout.q_rot, q_elements * (opted_in ? 1 : 2));
+        EXPECT_EQ(c.q_copy.src.data, call.q.data());
+        EXPECT_EQ(c.attention.q.data, workspace.data() + layout.q_copy);
+        EXPECT_EQ(layout.total - layout.q_copy, q_elements * (opted_in ? 1 : 2));
       } else {
         EXPECT_EQ(layout.total, 0u);  // one split, no copy: no workspace at all
         EXPECT_EQ(c.attention.q.data, call.q.data());

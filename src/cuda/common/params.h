@@ -83,8 +83,8 @@ struct alignas(8) SplitWork {
 struct AttentionParams {
   LengthParams len;
   CacheParams cache;
-  RowLayout q;             // q, or the rotated copy in the workspace (unread when headdim is 0)
-  RowLayout qv;            // qv, d_v wide: scores add qv.v (data nullptr: no qv)
+  RowLayout q;             // q, or its copy in the workspace (unread when headdim is 0)
+  RowLayout qv;            // qv or its copy, d_v wide: scores add qv.v (data nullptr: no qv)
   RowLayout out;
   float* lse = nullptr;    // softmax_lse or nullptr
   int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_token_stride = 0;
@@ -104,7 +104,8 @@ struct AttentionParams {
   const uint16_t* sinks_bf16 = nullptr;
   int64_t sinks_stride = 1;
   // fp8 (contract 5.8), set only on the fp8 instantiations' calls: q.k scores take q_descale (an
-  // fp8 q's) times k_descale, the output v_descale.
+  // fp8 q's) times k_descale, the output v_descale. With qv the score descales are absent (1): q
+  // and qv come scaled (cuda/host/call_params.cpp scales_queries).
   DescaleView q_descale, k_descale, v_descale;
   int num_splits = 1;                     // plan's upper bound
   const int32_t* splits_per_batch = nullptr;  // device, per batch element (nullptr: num_splits)
@@ -133,7 +134,7 @@ struct RotaryParams {
   bool interleaved = true;
 };
 
-// Appending new K/V (with rotary on K) into the cache, and rotating q into the workspace.
+// Appending new K/V (with rotary on K) into the cache.
 struct AppendParams {
   LengthParams len;
   CacheParams cache;
@@ -144,14 +145,20 @@ struct AppendParams {
   DescaleView k_descale, v_descale;
 };
 
-struct RotateQParams {
+// A query tensor (q, or qv) copied into the workspace, where the attention reads it instead:
+// rotated (q with rotary), converted (an fp8 q the kernel reads in 16 bits) and / or scaled by
+// a per-(batch element, KV head) factor (q by k_descale and qv by v_descale with qv over an fp8
+// cache: one score scale in the kernels cannot hold both, contract 5.8).
+struct QueryCopyParams {
   LengthParams len;
-  RowLayout q;        // source
-  RowLayout q_rot;    // destination (workspace, dense (total, h, d) or (b, s_q, h, d)): q's type, or
-                      // bf16 for an fp8 q the kernel reads in 16 bits (host/call_params.h reads_fp8_query)
-  int num_heads = 0, headdim = 0;
-  RotaryParams rotary;
+  RowLayout src;
+  RowLayout dst;      // workspace, dense (total, h, dim) or (b, s_q, h, dim): src's type, or bf16
+                      // for an fp8 q the kernel reads in 16 bits (host/call_params.h reads_fp8_query)
+  int num_heads = 0, headdim = 0;  // headdim: the rows' width (d_v for qv)
+  int group = 1;      // query heads per KV head: head h takes scale[b, h / group]
+  RotaryParams rotary;  // dim 0: not rotated (qv never is)
   bool per_row = false;  // causal / local: row i at start + i
+  DescaleView scale;  // data nullptr: not scaled
 };
 
 // Merging split partials: rows addressed as (a, b, c) with per-tensor strides.

@@ -105,19 +105,50 @@ bool uses_qk(const core::Problem& p) { return p.has_q && p.has_k && !p.only_qv; 
 // An fp8 q the plan's kernel reads in 16 bits: converted to bf16 into the workspace.
 bool converts_fp8_query(const core::Problem& p, const Plan& plan) { return p.fp8 && !reads_fp8_query(p, plan); }
 
-// Whether the attention reads q from a copy in the workspace: rotated (rotary), or converted.
-bool copies_q(const core::Problem& p, const Plan& plan) {
-  return p.rotary_dim > 0 || converts_fp8_query(p, plan);
+DescaleView descale_view(const OptTensor& t) {
+  if (!t) return {};
+  return DescaleView{t->ptr<const float>(), t->stride(0), t->stride(1)};
 }
 
-// The copy's element: bf16 for a converted fp8 q, else q's own type (rotated, rounded once).
+// qv over an fp8 cache: the kernels fold one factor into every score (q_descale * k_descale,
+// common/cta_work.cuh ScoreScale), which cannot give the qv.v term v_descale apart from q.k's
+// k_descale. So q is scaled by k_descale and qv by v_descale into their copies, rounded once to
+// the query's type, and the kernels get no score descales; v_descale still scales the output.
+// (A 16-bit query: validate refuses an fp8 qv, and a qv of another dtype than q.)
+bool scales_queries(const core::Problem& p) { return p.fp8_cache && p.has_qv; }
+
+// The factors q's and qv's copies are scaled by (data nullptr: not scaled; an absent descale is 1).
+DescaleView q_scale(const core::Problem& p) {
+  return scales_queries(p) ? descale_view(p.args.k_descale) : DescaleView{};
+}
+DescaleView qv_scale(const core::Problem& p) {
+  return scales_queries(p) ? descale_view(p.args.v_descale) : DescaleView{};
+}
+
+// Whether the attention reads q from a copy in the workspace: rotated (rotary), converted or
+// scaled. A q the scores ignore (absent, or only_qv) is not copied.
+bool copies_q(const core::Problem& p, const Plan& plan) {
+  return uses_qk(p) && (p.rotary_dim > 0 || converts_fp8_query(p, plan) || q_scale(p).data);
+}
+bool copies_qv(const core::Problem& p) { return qv_scale(p).data != nullptr; }
+
+// q's copy's element: bf16 for a converted fp8 q, else q's own type (rotated or scaled, rounded
+// once). qv's copy is of qv's type, which is q's.
 size_t q_copy_elem_bytes(const core::Problem& p, const Plan& plan) {
   return converts_fp8_query(p, plan) ? 2 : dtype_size(p.dtype);
 }
 
-DescaleView descale_view(const OptTensor& t) {
-  if (!t) return {};
-  return DescaleView{t->ptr<const float>(), t->stride(0), t->stride(1)};
+// A copy of the query rows `src` (`dim` wide) into the workspace at `dst`, dense in the query's
+// (batch, token, head) order, not rotated nor scaled.
+QueryCopyParams query_copy(const core::Problem& p, const LengthParams& len, const RowLayout& src, int dim,
+                           char* dst) {
+  QueryCopyParams c;
+  c.len = len;
+  c.src = src;
+  const int64_t row = int64_t(p.num_heads) * dim;
+  c.dst = RowLayout{dst, p.varlen_q ? 0 : int64_t(p.seqlen_q) * row, row, dim};
+  c.num_heads = p.num_heads, c.headdim = dim, c.group = p.group;
+  return c;
 }
 
 AttentionParams attention_params(const core::Problem& p, const Plan& plan, const Outputs& outputs,
@@ -147,8 +178,10 @@ AttentionParams attention_params(const core::Problem& p, const Plan& plan, const
     at.sinks_stride = a.sinks->stride(0);
   }
   if (p.fp8_cache) {  // descales are read only for fp8 tensors (spec 12.8)
-    if (p.fp8) at.q_descale = descale_view(a.q_descale);
-    at.k_descale = descale_view(a.k_descale);
+    if (!scales_queries(p)) {  // else they are in the query copies
+      if (p.fp8) at.q_descale = descale_view(a.q_descale);
+      at.k_descale = descale_view(a.k_descale);
+    }
     at.v_descale = descale_view(a.v_descale);
   }
   at.num_splits = plan.num_splits;
@@ -246,9 +279,13 @@ WorkspaceLayout workspace_layout(const core::Problem& p, const Plan& plan) {
     w.work = at;
     at += align_up(size_t(w.work_columns) * sizeof(SplitWork));
   }
-  if (copies_q(p, plan) && p.has_q) {
-    w.q_rot = at;
+  if (copies_q(p, plan)) {
+    w.q_copy = at;
     at += align_up(rows * size_t(p.headdim) * q_copy_elem_bytes(p, plan));
+  }
+  if (copies_qv(p)) {
+    w.qv_copy = at;
+    at += align_up(rows * size_t(p.headdim_v) * dtype_size(p.dtype));
   }
   w.total = at;
   return w;
@@ -277,17 +314,19 @@ CallParams call_params(const core::Problem& p, const Plan& plan, const Outputs& 
 
   AttentionParams& at = call.attention;
   at = attention_params(p, plan, outputs, len, cache);
-  if (copies_q(p, plan) && uses_qk(p)) {  // a q the scores ignore is not copied
-    RotateQParams& rq = call.rotate_q_params;
-    call.rotate_q = true;
-    rq.len = len;
-    rq.q = at.q;
-    const int64_t hd = int64_t(p.num_heads) * p.headdim;
-    rq.q_rot = RowLayout{ws + layout.q_rot, p.varlen_q ? 0 : int64_t(p.seqlen_q) * hd, hd, p.headdim};
-    rq.num_heads = p.num_heads, rq.headdim = p.headdim;
-    rq.rotary = rotary_params(p);
-    rq.per_row = p.rotate_q_per_row;
-    at.q = rq.q_rot;
+  if (copies_q(p, plan)) {
+    call.copy_q = true;
+    call.q_copy = query_copy(p, len, at.q, p.headdim, ws + layout.q_copy);
+    call.q_copy.rotary = rotary_params(p);
+    call.q_copy.per_row = p.rotate_q_per_row;
+    call.q_copy.scale = q_scale(p);
+    at.q = call.q_copy.dst;
+  }
+  if (copies_qv(p)) {
+    call.copy_qv = true;
+    call.qv_copy = query_copy(p, len, at.qv, p.headdim_v, ws + layout.qv_copy);
+    call.qv_copy.scale = qv_scale(p);
+    at.qv = call.qv_copy.dst;
   }
   if (plan.num_splits <= 1) return call;
 
@@ -350,9 +389,6 @@ int rows_per_cta(const Plan& plan) {
 }
 
 void check_supported(const core::Problem& p, const Outputs& outputs) {
-  // qv.v would need the V descale apart from q.k's K descale in one score sum (and the d_v 512
-  // kernels over fp8): not built.
-  if (p.fp8_cache && p.has_qv) unsupported("qv", "qv over an fp8 (e4m3) KV cache is");
   if (p.dtype != DType::bf16 && p.dtype != DType::f16 && p.dtype != DType::e4m3) {
     unsupported("q", std::string("dtype ") + dtype_name(p.dtype) + " is");
   }
@@ -396,10 +432,10 @@ void check_launchable(const CallParams& call, const Plan& plan) {
                     std::to_string(arch) + " is not supported on CUDA yet");
   }
   const int64_t batch = call.attention.len.batch;
-  if ((call.append || call.rotate_q) && batch > core::kCudaMaxGridYZ) {
+  if ((call.append || call.copy_q || call.copy_qv) && batch > core::kCudaMaxGridYZ) {
     throw Error(ErrorKind::unsupported, "q",
-                "a batch above 65535 with new k / v or rotary is not supported on CUDA yet (got " +
-                    std::to_string(batch) + ")");
+                "a batch above 65535 with new k / v or a query copied first (rotary, an fp8 q, qv "
+                "over an fp8 cache) is not supported on CUDA yet (got " + std::to_string(batch) + ")");
   }
 }
 

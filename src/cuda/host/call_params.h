@@ -13,22 +13,25 @@
 
 namespace kvflash::cuda {
 
-// Workspace layout: [out partials | LSE partials | per-batch splits | split columns | rotated q
-// (an fp8 q the kernel reads in 16 bits: converted to bf16, rotated or not)], 256-aligned.
+// Workspace layout: [out partials | LSE partials | per-batch splits | split columns | q's copy |
+// qv's copy] (QueryCopyParams: rotated, converted or scaled), 256-aligned; only the parts the
+// call uses have bytes.
 struct WorkspaceLayout {
-  size_t out_partial = 0, lse_partial = 0, splits = 0, work = 0, q_rot = 0, total = 0;
+  size_t out_partial = 0, lse_partial = 0, splits = 0, work = 0, q_copy = 0, qv_copy = 0, total = 0;
   int work_columns = 0;  // split columns the prepare kernel lists (core::portable_split_columns)
 };
 WorkspaceLayout workspace_layout(const core::Problem& p, const Plan& plan);
 
-// Every kernel of one call, in launch order: append -> rotate q -> prepare -> attention -> combine
-// (each but the attention only when its flag is set).
+// Every kernel of one call, in launch order: append -> copy q -> copy qv -> prepare -> attention
+// -> combine (each but the attention only when its flag is set).
 struct CallParams {
   bool append = false;
   AppendParams append_params;
   int append_rows = 0;  // new rows of the longest sequence (the append grid's x bound)
-  bool rotate_q = false;
-  RotateQParams rotate_q_params;
+  bool copy_q = false;
+  QueryCopyParams q_copy;
+  bool copy_qv = false;
+  QueryCopyParams qv_copy;
   bool prepare = false;
   PrepareParams prepare_params;
   AttentionParams attention;
@@ -52,8 +55,7 @@ bool reads_fp8_query(const core::Problem& p, const Plan& plan);
 // Packed query rows one attention CTA of the plan's kernel takes.
 int rows_per_cta(const Plan& plan);
 
-// What the CUDA kernels support of a valid call (dtype, head dims, 16-byte rows, no qv over an
-// fp8 cache).
+// What the CUDA kernels support of a valid call (dtype, head dims, 16-byte rows).
 // Throws Error(unsupported) naming the argument.
 void check_supported(const core::Problem& p, const Outputs& outputs);
 // Every check that can refuse a call whose parameters are built: the kernels' grid limits

@@ -1,6 +1,7 @@
 // Appending new K/V rows into the cache (contract 5.2), with rotary on K (quantised into an fp8
-// cache: 5.8), and rotating q into the workspace (an fp8 q converted to bf16 there, rotary or
-// not, unless the kernel reads e4m3: then rotated in e4m3). Positions come from the device
+// cache: 5.8), and copying q or qv into the workspace (QueryCopyParams: q rotated; an fp8 q
+// converted to bf16 there, rotary or not, unless the kernel reads e4m3: then rotated in e4m3; q
+// and qv scaled by their descales with qv over an fp8 cache). Positions come from the device
 // lengths (lengths.cuh); a row whose position or page is out of range is skipped, never written
 // out of bounds.
 #include <cuda_bf16.h>
@@ -81,11 +82,13 @@ __global__ void append_kv_kernel(const AppendParams p) {
   }
 }
 
-// q (of type Src) rotated into the workspace as Dst: a rotated channel is rounded to q's own type
-// first (as if q had been rotated in memory; e4m3 saturating, as from_float rounds new K rows),
-// then converted (exactly: e4m3 -> bf16) where Dst is another type.
+// A query row (q or qv, of type Src) into its workspace copy as Dst: a rotated channel is rounded
+// to Src first (as if q had been rotated in memory; e4m3 saturating, as from_float rounds new K
+// rows), then scaled by its (batch element, KV head)'s factor in fp32 and rounded once to Dst, or
+// only converted (exactly: e4m3 -> bf16) where Dst is another type. Grid z splits a row's
+// (head, channel) elements, so that MLA's wide rows (128 heads x 512) spread over many CTAs.
 template <class Src, class Dst>
-__global__ void rotate_q_kernel(const RotateQParams p) {
+__global__ void query_copy_kernel(const QueryCopyParams p) {
   const int b = blockIdx.y;
   const SeqLens seq = seq_lens(p.len, b);
   const RotaryParams& rot = p.rotary;
@@ -93,14 +96,15 @@ __global__ void rotate_q_kernel(const RotateQParams p) {
   for (int i = blockIdx.x; i < seq.seqlen_q; i += gridDim.x) {
     const int64_t token = seq.q_offset + i;
     const int pos = seq.rotary_start + (p.per_row ? i : 0);
-    for (int e = threadIdx.x; e < p.num_heads * p.headdim; e += blockDim.x) {
+    for (int e = blockIdx.z * blockDim.x + threadIdx.x; e < p.num_heads * p.headdim; e += gridDim.z * blockDim.x) {
       const int h = e / p.headdim, c = e - h * p.headdim;
-      const Src* row = static_cast<const Src*>(p.q.data) + batch * p.q.batch_stride +
-                       token * p.q.token_stride + h * p.q.head_stride;
-      Dst* dst = static_cast<Dst*>(p.q_rot.data) + batch * p.q_rot.batch_stride +
-                 token * p.q_rot.token_stride + h * p.q_rot.head_stride;
+      const Src* row = static_cast<const Src*>(p.src.data) + batch * p.src.batch_stride +
+                       token * p.src.token_stride + h * p.src.head_stride;
+      Dst* dst = static_cast<Dst*>(p.dst.data) + batch * p.dst.batch_stride +
+                 token * p.dst.token_stride + h * p.dst.head_stride;
       const Src x = new_element<Src, Src>(row, c, pos, rot, 1.0f);
-      if constexpr (std::is_same_v<Src, Dst>) dst[c] = x;
+      if (p.scale.data) dst[c] = from_float<Dst>(to_float(x) * descale_at(p.scale, b, h / p.group));
+      else if constexpr (std::is_same_v<Src, Dst>) dst[c] = x;
       else dst[c] = from_float<Dst>(to_float(x));
     }
   }
@@ -115,11 +119,17 @@ void launch_append_kv(const AppendParams& p, int max_new_rows, cudaStream_t stre
   append_kv_kernel<Src, Cache><<<grid, 128, 0, stream>>>(p);
 }
 
+// Up to kCopyElemsPerThread elements of a row per thread (grid z covers the rest of the row).
+constexpr int kCopyThreads = 128, kCopyElemsPerThread = 8;
+
 template <class Src, class Dst>
-void launch_rotate_q(const RotateQParams& p, cudaStream_t stream) {
+void launch_query_copy(const QueryCopyParams& p, cudaStream_t stream) {
   if (p.len.batch == 0 || p.len.seqlen_q <= 0) return;
-  const dim3 grid(p.len.seqlen_q < 512 ? p.len.seqlen_q : 512, p.len.batch);
-  rotate_q_kernel<Src, Dst><<<grid, 128, 0, stream>>>(p);
+  const int64_t row = int64_t(p.num_heads) * p.headdim, per_cta = kCopyThreads * kCopyElemsPerThread;
+  const int64_t slices = (row + per_cta - 1) / per_cta;
+  const dim3 grid(p.len.seqlen_q < 512 ? p.len.seqlen_q : 512, p.len.batch,
+                  unsigned(slices < 65535 ? slices : 65535));
+  query_copy_kernel<Src, Dst><<<grid, kCopyThreads, 0, stream>>>(p);
 }
 
 // 16-bit over 16-bit, a 16-bit query over an fp8 cache, fp8 over fp8 (q into bf16).
@@ -128,9 +138,9 @@ template void launch_append_kv<__half, __half>(const AppendParams&, int, cudaStr
 template void launch_append_kv<__nv_bfloat16, e4m3>(const AppendParams&, int, cudaStream_t);
 template void launch_append_kv<__half, e4m3>(const AppendParams&, int, cudaStream_t);
 template void launch_append_kv<e4m3, e4m3>(const AppendParams&, int, cudaStream_t);
-template void launch_rotate_q<__nv_bfloat16, __nv_bfloat16>(const RotateQParams&, cudaStream_t);
-template void launch_rotate_q<__half, __half>(const RotateQParams&, cudaStream_t);
-template void launch_rotate_q<e4m3, __nv_bfloat16>(const RotateQParams&, cudaStream_t);
-template void launch_rotate_q<e4m3, e4m3>(const RotateQParams&, cudaStream_t);  // the sm90 fp8 kernel's q
+template void launch_query_copy<__nv_bfloat16, __nv_bfloat16>(const QueryCopyParams&, cudaStream_t);
+template void launch_query_copy<__half, __half>(const QueryCopyParams&, cudaStream_t);
+template void launch_query_copy<e4m3, __nv_bfloat16>(const QueryCopyParams&, cudaStream_t);
+template void launch_query_copy<e4m3, e4m3>(const QueryCopyParams&, cudaStream_t);  // the sm90 fp8 kernel's q
 
 }  // namespace kvflash::cuda

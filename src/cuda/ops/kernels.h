@@ -14,11 +14,11 @@ namespace kvflash::cuda {
 // 5.8, or bit copies from fp8 rows).
 template <class Src, class Cache>
 void launch_append_kv(const AppendParams& p, int max_new_rows, cudaStream_t stream);
-// append_kv.cu: q of type Src rotated (contract 5.2) into a workspace copy of type Dst the
-// attention kernel reads (Src itself, e4m3 included, or bf16 for an fp8 q the kernel reads in 16
-// bits).
+// append_kv.cu: q or qv of type Src (q rotated, contract 5.2; scaled with qv over an fp8 cache,
+// 5.8) into a workspace copy of type Dst the attention kernel reads (Src itself, e4m3 included, or
+// bf16 for an fp8 q the kernel reads in 16 bits).
 template <class Src, class Dst>
-void launch_rotate_q(const RotateQParams& p, cudaStream_t stream);
+void launch_query_copy(const QueryCopyParams& p, cudaStream_t stream);
 
 // combine.cu: split partials into out (of out_type) and LSE.
 // overlap_previous (sm_90+): launched to overlap the attention kernel before it (launch.cuh).
