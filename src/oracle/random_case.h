@@ -117,6 +117,11 @@ struct Tolerance {
 // from the oracle by little more than its final rounding; a tighter net for logic bugs.
 enum class ToleranceProfile { any_backend, fp32_probabilities };
 Tolerance tolerance_for(DType input_dtype, ToleranceProfile profile = ToleranceProfile::any_backend);
+// The relative error a backend may add to a call's scores beyond fp32 accumulation: with qv over an
+// fp8 cache (a 16-bit query), q times k_descale and qv times v_descale rounded once each to the
+// query's type (contract 5.8; the CUDA backend's copies), at most its unit roundoff (fp16 2^-11,
+// bf16 2^-8) per element; 0 for other calls. compare() adds it to score_rel under any_backend.
+double scaled_query_rounding(const KvCacheArgs& a);
 
 // The bounds compare() applies, for callers that check elements themselves (a GPU runner
 // comparing device results, `kvflash verify`): out element of (token, head) row `row` with
