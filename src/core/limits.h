@@ -22,7 +22,7 @@ constexpr int kMaxHeuristicSplits = 128;
 // sequence per thread); beyond it every sequence gets one split.
 constexpr int kMaxDynamicSplitBatch = 992;
 
-// Head dims: the contract allows up to kMaxHeadDim (V up to kMaxHeadDimV for 16-bit inputs).
+// Head dims: the contract allows up to kMaxHeadDim (V up to kMaxHeadDimV for 16-bit queries).
 constexpr int kMaxHeadDim = 256;
 constexpr int kMaxHeadDimV = 512;
 // The CUDA kernels: head dims that are a multiple of kCudaHeadDimMultiple (16-byte rows of 16-bit

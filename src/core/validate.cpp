@@ -392,10 +392,12 @@ void check_heads(const KvCacheArgs& a, const CallShape& s) {
                to_string(d) + ", headdim_v is " + to_string(dv) + ")");
     }
   }
-  if (dv > kMaxHeadDim && s.cache_dtype == DType::e4m3) {
-    fail(ErrorKind::invalid_type, "v_cache",
+  // FA3's all-fp8 call; kvflash's 16-bit query over an fp8 cache takes MLA's latent width too
+  // (contract 5.8).
+  if (dv > kMaxHeadDim && s.dtype == DType::e4m3) {
+    fail(ErrorKind::invalid_type, "q",
          "HeaddimV > 256 requires fp16 and bf16 data type (headdim_v is " + to_string(dv) +
-             ", v_cache is float8_e4m3fn)");
+             ", q is float8_e4m3fn)");
   }
 }
 

@@ -104,21 +104,22 @@ void draw_dims(Rng& rng, Config& c, const CaseLimits& limits) {
     return;
   }
   const double r = rng.real();
-  // An fp8 cache takes fp8's head dims (multiples of 16, at most 256), also under a 16-bit query.
+  // An fp8 cache takes fp8's head dims (multiples of 16, at most 256 but for MLA's d_v up to 512
+  // under a 16-bit query).
   const bool sixteen_bit = c.cache_dtype == DType::f16 || c.cache_dtype == DType::bf16;
   const bool fp8_cache_16_bit_q = c.cache_dtype != c.dtype;
   // MLA-style qv (d <= 64, d_v >= 256): fp16/bf16 upstream, and fp32 on kvflash's CPU backend;
-  // over an fp8 cache (16-bit qv) d_v is 256.
+  // a 16-bit qv over an fp8 cache too.
   // Over an fp8 cache, qv and a missing q are drawn more often: the mixed form is itself a
   // fifth of the 16-bit draws, and the shortened runs (300 cases) must still reach every tag.
   if ((sixteen_bit || c.dtype == DType::f32 || fp8_cache_16_bit_q) && r < (fp8_cache_16_bit_q ? 0.3 : 0.1)) {
     c.qv = true;
     c.headdim = fp8_cache_16_bit_q ? 16 * rng.uniform(2, 4) : 8 * rng.uniform(4, 8);
-    c.headdim_v = fp8_cache_16_bit_q ? 256 : rng.pick({256, 512});
+    c.headdim_v = rng.pick({256, 512});
     c.only_qv = rng.chance(fp8_cache_16_bit_q ? 0.6 : 0.4);
     c.q_absent = c.only_qv && rng.chance(fp8_cache_16_bit_q ? 0.7 : 0.5);
     c.k_cache_absent = c.only_qv && rng.chance(0.5);
-  } else if (sixteen_bit && r < 0.2) {
+  } else if ((sixteen_bit || fp8_cache_16_bit_q) && r < (fp8_cache_16_bit_q ? 0.4 : 0.2)) {
     const bool mla = rng.chance(0.5);  // the two non-square pairs upstream instantiates
     c.headdim = mla ? 64 : 192;
     c.headdim_v = mla ? 512 : 128;
@@ -302,12 +303,13 @@ void draw_attention(Rng& rng, Config& c) {
   c.checked = rng.chance(0.2);
 }
 
-// About one case in five with a 16-bit query gets an fp8 e4m3 cache instead (contract 5.8). Drawn
-// from a stream of its own, so every other case is the one its seed gave before that form existed.
+// About one case in five with a 16-bit query gets an fp8 e4m3 cache instead (contract 5.8), MLA
+// draws too (an fp8 latent cache). Drawn from a stream of its own, so every other case is the one
+// its seed gave before that form existed.
 bool draw_fp8_cache(uint64_t seed, DType dtype, const CaseLimits& limits) {
   const bool sixteen_bit = dtype == DType::f16 || dtype == DType::bf16;
   Rng own(seed ^ 0x5eed0f8ca5e5ull);
-  return sixteen_bit && limits.head_dims.empty() && !limits.mla && own.chance(0.2);
+  return sixteen_bit && limits.head_dims.empty() && own.chance(0.2);
 }
 
 // About one case in eight runs in batch-invariant mode (splits from each sequence's own lengths),
@@ -613,6 +615,7 @@ std::vector<std::string> feature_tags(const Config& c) {
   add(fp8_kv && (c.k_descale || c.v_descale), "fp8_kv_descales");
   add(fp8_kv && c.append, "fp8_kv_append");
   add(fp8_kv && c.qv, "fp8_kv_qv");
+  add(fp8_kv && c.headdim_v > 256, "fp8_kv_headdim_v=512");
   add(fp8_kv && c.q_absent, "fp8_kv_q_absent");
   add(fp8_kv && c.rotary_dim > 0, "fp8_kv_rotary");
   add(fp8_kv && c.small_descales && (c.k_descale || c.v_descale), "fp8_kv_saturating");

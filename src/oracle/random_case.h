@@ -37,7 +37,8 @@ struct CaseLimits {
   // MLA draws (the GPU runner's mla subset), SGLang's FA3 shape: fp16 / bf16, d 64 (q, k_cache:
   // the rotary part) and d_v 512 (v_cache: the latent cache), mostly with qv (the absorbed
   // query; only_qv, q absent and k_cache absent among them), one KV head and 16 or 128 query
-  // heads, a paged cache of pages of 1, 16 or 64 in most cases.
+  // heads, a paged cache of pages of 1, 16 or 64 in most cases; a fifth of them over an fp8
+  // e4m3 cache with k / v descales (contract 5.8).
   bool mla = false;
   // FA3's all-fp8 call on every case (the GPU runner's sm90fp8 subset): q, caches and new k / v
   // e4m3, bf16 out, descales drawn as for any fp8 call.

@@ -27,8 +27,8 @@ namespace {
 
 using namespace testing;  // the table and the calls (cuda_host_util.h), ScopedEnv
 
-// Every head-dim pair an fp8 cache takes without qv (multiples of 16 up to 256; qv's calls:
-// test_cuda_mla_fp8.cpp) has its sm80 row, under both 16-bit queries (and fp8's, which runs
+// Every head-dim pair an fp8 cache takes up to 256 without qv (multiples of 16; MLA's qv and
+// latent widths: test_cuda_mla_fp8.cpp) has its sm80 row, under both 16-bit queries (and fp8's, which runs
 // bf16's): 64, 128 or 256, the wider dim rounded up; sm_90 gives no such call to its own family,
 // prefill shapes included (the all-fp8 call opted in: Sm90Fp8RuleRow).
 TEST(KernelFamily, EveryFp8HeadDimHasAnInstantiation) {

@@ -83,32 +83,38 @@ void expect_reads_copies(const cuda::CallParams& c) {
   }
 }
 
-// qv over an fp8 cache (d <= 64 or no q, d_v 256 and up) plans the sm80 family's (64, 512) kernel on
-// every arch, decode and prefill shapes, the sm90_mla kernel switched on or not: that kernel reads
-// 16-bit caches only (the same call over a 16-bit cache goes to it on sm_90). Each kernel has its
-// row under both 16-bit queries.
-TEST(KernelFamily, Fp8QvRunsTheSm80MlaRows) {
-  for (int arch : {80, 86, 89, 90, 100, 120}) {
-    for (int d = 0; d <= 64; d += 16) {
-      for (int dv : {256, 384, 512}) {
-        for (int64_t rows : {1, 9, 16, 17, 4096}) {
-          SCOPED_TRACE(std::to_string(arch) + ": " + std::to_string(d) + " x " + std::to_string(dv) + ", " +
-                       std::to_string(rows) + " rows");
-          core::FamilyInputs in{arch, /*sixteen_bit=*/false, d, dv, rows};
-          in.has_qv = true;
-          in.max_seqlen_q = 1;  // a decode: what the sm90_mla kernel takes in 16 bits
-          in.one_split = true;
-          const KernelChoice k = core::choose_kernel(in);
-          EXPECT_EQ(k.family, KernelFamily::sm80);
-          EXPECT_EQ(k.headdim, 64);
-          EXPECT_EQ(k.headdim_v, 512);
-          for (DType q : {bf16, f16}) EXPECT_TRUE(in_table(k, q, true));
-          in.sixteen_bit = true;
-          EXPECT_EQ(core::kernel_family(in), arch == 90 ? KernelFamily::sm90_mla : KernelFamily::sm80);
+// MLA over an fp8 cache (qv: d <= 64 or no q, d_v 256 and up; without qv: d <= 64, d_v above 256,
+// the latent width) plans the sm80 family's (64, 512) kernel on every arch, decode and prefill
+// shapes: the sm90_mla kernel reads 16-bit caches only (the same qv call over a 16-bit cache goes
+// to it on sm_90). Each kernel has its row under both 16-bit queries.
+TEST(KernelFamily, Fp8MlaRunsTheSm80MlaRows) {
+  int pairs = 0;
+  for (int d = 0; d <= 64; d += 16) {
+    for (int dv = 256; dv <= 512; dv += 16) {
+      for (bool qv : {false, true}) {
+        if (!qv && (d == 0 || dv == 256)) continue;
+        ++pairs;
+        for (int arch : {80, 86, 89, 90, 100, 120}) {
+          for (int64_t rows : {1, 9, 16, 17, 4096}) {
+            SCOPED_TRACE(std::to_string(arch) + ": " + std::to_string(d) + " x " + std::to_string(dv) +
+                         (qv ? " qv, " : ", ") + std::to_string(rows) + " rows");
+            core::FamilyInputs in{arch, /*sixteen_bit=*/false, d, dv, rows};
+            in.has_qv = qv;
+            in.max_seqlen_q = 1;  // a decode: what the sm90_mla kernel takes in 16 bits
+            in.one_split = true;
+            const KernelChoice k = core::choose_kernel(in);
+            EXPECT_EQ(k.family, KernelFamily::sm80);
+            EXPECT_EQ(k.headdim, 64);
+            EXPECT_EQ(k.headdim_v, 512);
+            for (DType q : {bf16, f16}) EXPECT_TRUE(in_table(k, q, true));
+            in.sixteen_bit = true;
+            EXPECT_EQ(core::kernel_family(in), arch == 90 && qv ? KernelFamily::sm90_mla : KernelFamily::sm80);
+          }
         }
       }
     }
   }
+  EXPECT_EQ(pairs, 5 * 17 + 4 * 16);
 }
 
 // qv over an fp8 cache: q is copied times k_descale and qv times v_descale (each head's KV head's,
@@ -116,32 +122,53 @@ TEST(KernelFamily, Fp8QvRunsTheSm80MlaRows) {
 // kernels read the copies with no score descales (1), and v_descale still scales the output. The
 // plan is the sm80 decode kernel on an H200 too.
 TEST(CudaParams, Fp8QvScalesQAndQvIntoTheWorkspace) {
-  Fp8MlaCall call(2, 1, 256);
+  for (int dv : {256, 512}) {
+    SCOPED_TRACE("d_v " + std::to_string(dv));
+    Fp8MlaCall call(2, 1, dv);
+    const core::Problem p = call.problem();
+    EXPECT_NO_THROW(cuda::check_supported(p, call.outputs));
+    const Plan plan = core::make_plan(p);
+    EXPECT_EQ(plan.kernel, (KernelChoice{KernelFamily::sm80, KernelShape::decode_8, 64, 512}));
+    const cuda::WorkspaceLayout layout = cuda::workspace_layout(p, plan);
+    const size_t rows = 2 * kHeads;  // b x s_q x h
+    EXPECT_EQ(layout.qv_copy - layout.q_copy, align_256(rows * 64 * 2));
+    EXPECT_EQ(layout.total - layout.qv_copy, rows * dv * 2);
+    std::vector<char> workspace(layout.total);
+    const cuda::CallParams c = cuda::call_params(p, plan, call.outputs, workspace.data());
+    ASSERT_TRUE(c.copy_q);
+    ASSERT_TRUE(c.copy_qv);
+    expect_copy(c.q_copy, call.q.data(), workspace.data() + layout.q_copy, 64, 1, false, call.k_descale());
+    expect_copy(c.qv_copy, call.qv.data(), workspace.data() + layout.qv_copy, dv, 1, false, call.v_descale());
+    EXPECT_EQ(c.q_copy.rotary.dim, 0);
+    EXPECT_EQ(c.qv_copy.rotary.dim, 0);
+    expect_reads_copies(c);
+    EXPECT_EQ(c.attention.headdim, 64);
+    EXPECT_EQ(c.attention.headdim_v, dv);
+    EXPECT_EQ(c.attention.q_descale.data, nullptr);
+    EXPECT_EQ(c.attention.k_descale.data, nullptr);
+    EXPECT_EQ(c.attention.v_descale.data, call.v_descale());
+    EXPECT_EQ(c.attention.v_descale.batch_stride, 2);
+    EXPECT_EQ(c.attention.cache.k, call.k_cache.data());
+    EXPECT_EQ(c.out_type, cuda::ElemType::bf16);
+  }
+}
+
+// MLA's latent width over an fp8 cache without qv: the (64, 512) kernel folds both descales
+// itself (q.k's k_descale into the score scale, v_descale into the output), no copy.
+TEST(CudaParams, Fp8LatentWidthWithoutQvFoldsTheDescales) {
+  Fp8MlaCall call(2, 1, 512);
+  call.args.qv.reset();
   const core::Problem p = call.problem();
   EXPECT_NO_THROW(cuda::check_supported(p, call.outputs));
   const Plan plan = core::make_plan(p);
   EXPECT_EQ(plan.kernel, (KernelChoice{KernelFamily::sm80, KernelShape::decode_8, 64, 512}));
-  const cuda::WorkspaceLayout layout = cuda::workspace_layout(p, plan);
-  const size_t rows = 2 * kHeads;  // b x s_q x h
-  EXPECT_EQ(layout.qv_copy - layout.q_copy, align_256(rows * 64 * 2));
-  EXPECT_EQ(layout.total - layout.qv_copy, rows * 256 * 2);
-  std::vector<char> workspace(layout.total);
-  const cuda::CallParams c = cuda::call_params(p, plan, call.outputs, workspace.data());
-  ASSERT_TRUE(c.copy_q);
-  ASSERT_TRUE(c.copy_qv);
-  expect_copy(c.q_copy, call.q.data(), workspace.data() + layout.q_copy, 64, 1, false, call.k_descale());
-  expect_copy(c.qv_copy, call.qv.data(), workspace.data() + layout.qv_copy, 256, 1, false, call.v_descale());
-  EXPECT_EQ(c.q_copy.rotary.dim, 0);
-  EXPECT_EQ(c.qv_copy.rotary.dim, 0);
-  expect_reads_copies(c);
-  EXPECT_EQ(c.attention.headdim, 64);
-  EXPECT_EQ(c.attention.headdim_v, 256);
-  EXPECT_EQ(c.attention.q_descale.data, nullptr);
-  EXPECT_EQ(c.attention.k_descale.data, nullptr);
+  const cuda::CallParams c = cuda::call_params(p, plan, call.outputs, nullptr);
+  EXPECT_FALSE(c.copy_q);
+  EXPECT_FALSE(c.copy_qv);
+  EXPECT_EQ(c.attention.q.data, call.q.data());
+  EXPECT_EQ(c.attention.qv.data, nullptr);
+  EXPECT_EQ(c.attention.k_descale.data, call.k_descale());
   EXPECT_EQ(c.attention.v_descale.data, call.v_descale());
-  EXPECT_EQ(c.attention.v_descale.batch_stride, 2);
-  EXPECT_EQ(c.attention.cache.k, call.k_cache.data());
-  EXPECT_EQ(c.out_type, cuda::ElemType::bf16);
 }
 
 // only_qv: the scores are qv.v alone, so only qv is copied (q, given or not, is never read); an

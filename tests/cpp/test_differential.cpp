@@ -222,7 +222,7 @@ TEST(Differential, GeneratorCoversEveryFeature) {
       "softcap", "sinks_f32", "sinks_bf16", "heads=1/1", "heads=8/1", "heads=32/8", "heads=63/7",
       "headdim=64/512", "headdim=192/128", "qv", "only_qv", "q_absent", "k_cache_absent",
       "fp8_descales", "descales_ignored", "fp8_rotary", "fp8_kv_cache_q_bf16", "fp8_kv_cache_q_f16",
-      "fp8_kv_descales", "fp8_kv_append", "fp8_kv_rotary", "fp8_kv_saturating", "fp8_kv_qv", "fp8_kv_q_absent", "num_splits=0", "num_splits=1", "num_splits=3", "num_splits=many",
+      "fp8_kv_descales", "fp8_kv_append", "fp8_kv_rotary", "fp8_kv_saturating", "fp8_kv_qv", "fp8_kv_q_absent", "fp8_kv_headdim_v=512", "num_splits=0", "num_splits=1", "num_splits=3", "num_splits=many",
       "batch>=16", "context>=1000", "seqlen_q>=100", "empty_q_sequence", "empty_k_sequence", "all_keys_empty", "size=large",
       "shared_pages", "cache_strided_padded", "cache_heads_outer", "inputs_strided", "checked_mode",
       "batch_invariant"};
@@ -261,7 +261,7 @@ TEST(Differential, Fp8CacheUnder16BitQueryMatchesOracle) {
 
 // The MLA draws (CaseLimits::mla, the GPU runner's mla subset) are valid calls the CPU backend
 // gets right, and reach every MLA form: qv, only_qv with q or k_cache absent, 16 and 128 query
-// heads on one KV head, each page size.
+// heads on one KV head, each page size, the latent cache in fp8 e4m3 too.
 TEST(Differential, MlaCasesMatchOracle) {
   CaseLimits limits;
   limits.mla = true;
@@ -275,7 +275,8 @@ TEST(Differential, MlaCasesMatchOracle) {
   }
   EXPECT_EQ(failed, 0);
   for (const char* tag : {"qv", "only_qv", "q_absent", "k_cache_absent", "heads=16/1", "heads=128/1",
-                          "page_size=1", "page_size=16", "page_size=64", "dtype=bf16", "dtype=f16"}) {
+                          "page_size=1", "page_size=16", "page_size=64", "dtype=bf16", "dtype=f16",
+                          "fp8_kv_qv", "fp8_kv_descales"}) {
     EXPECT_GT(coverage.counts[tag], 0) << "no MLA case exercises " << tag;
   }
   EXPECT_EQ(coverage.counts["dtype=e4m3"] + coverage.counts["dtype=f32"], 0);

@@ -38,6 +38,9 @@ constexpr Device kCuda{DeviceType::cuda, 0};
   return ::testing::AssertionFailure() << "no error; expected \"" << text << "\"";
 }
 
+// A 16-bit call's caches turned fp8 e4m3 (the views' strides stay valid: fewer bytes per element).
+void to_fp8_cache(Call& c) { c.args.k_cache->dtype = c.args.v_cache->dtype = DType::e4m3; }
+
 TEST(Validate, BaseCallsAreValid) {
   for (CallDims dims : {CallDims{}, CallDims{.seqlen_new = 2, .paged = true},
                         CallDims{.seqlen_new = 2, .knew_packed = true, .varlen_q = true},
@@ -51,6 +54,13 @@ TEST(Validate, BaseCallsAreValid) {
   only_qv.args.q.reset();
   only_qv.args.k_cache.reset();
   EXPECT_NO_THROW(validate(only_qv.args));
+  // MLA's latent width over an fp8 cache under a 16-bit query (contract 5.8), with or without qv
+  // (FA3's all-fp8 call keeps d_v <= 256: headdim_v_512_fp8).
+  for (bool qv : {false, true}) {
+    Call latent({.headdim_v = 512, .dtype = DType::bf16, .qv = qv});
+    to_fp8_cache(latent);
+    EXPECT_NO_THROW(validate(latent.args)) << qv;
+  }
 }
 
 // --- metadata checks: validate() ---------------------------------------------------------------
@@ -72,8 +82,6 @@ const CallDims kQv{.headdim_v = 256, .qv = true};
 const CallDims kRotary{.seqlen_new = 2, .rotary = true};
 const CallDims kFp8{.dtype = DType::e4m3};
 const CallDims kBf16{.dtype = DType::bf16};
-// A 16-bit call's caches turned fp8 e4m3 (the views' strides stay valid: fewer bytes per element).
-void to_fp8_cache(Call& c) { c.args.k_cache->dtype = c.args.v_cache->dtype = DType::e4m3; }
 const ErrorKind kValue = ErrorKind::invalid_value;
 const ErrorKind kType = ErrorKind::invalid_type;
 
@@ -144,9 +152,6 @@ const std::vector<Breakage> kMetadataBreakages = {
      kType, "k_descale must have dtype float32"},
     {"headdim_multiple_fp8_cache", {.headdim = 72, .headdim_v = 72, .dtype = DType::bf16},
      to_fp8_cache, kValue, "head_size should be a multiple of 16 (got 72)"},
-    {"headdim_v_512_fp8_cache", {.headdim_v = 512, .dtype = DType::bf16}, to_fp8_cache, kType,
-     "HeaddimV > 256 requires fp16 and bf16 data type (headdim_v is 512, v_cache is "
-     "float8_e4m3fn)"},
     {"new_k_fp8_into_fp8_cache", {.dtype = DType::bf16, .seqlen_new = 2},
      [](Call& c) {
        to_fp8_cache(c);
@@ -198,7 +203,7 @@ const std::vector<Breakage> kMetadataBreakages = {
     {"headdim_v_differs", {.headdim = 128, .headdim_v = 64}, nullptr, kValue,
      "If V headdim is different from Q/K dim, we only support Q/K headdim in (128, 192]"},
     {"headdim_v_512_fp8", {.headdim_v = 512, .dtype = DType::e4m3}, nullptr, kType,
-     "HeaddimV > 256 requires fp16 and bf16 data type"},
+     "HeaddimV > 256 requires fp16 and bf16 data type (headdim_v is 512, q is float8_e4m3fn)"},
     // scalars
     {"window_left", {}, [](Call& c) { c.args.window_left = -2; }, kValue,
      "window_size[0] must be >= -1"},
@@ -288,6 +293,13 @@ const std::vector<Breakage> kMetadataBreakages = {
      "q_v is only supported for hdim_v >= 256."},
     {"qv_fp8", kQv, [](Call& c) { c.args.qv->dtype = DType::e4m3; }, kType,
      "q_v is only supported for fp16 and bf16 data type"},
+    // FA3's all-fp8 call takes no qv (an e4m3 qv would need a descale of its own): refused as FA3
+    // does, whatever qv's dtype.
+    {"qv_all_fp8", {.headdim_v = 256, .dtype = DType::e4m3, .qv = true}, nullptr, kType,
+     "q_v is only supported for fp16 and bf16 data type (and float32 on the CPU; got float8_e4m3fn)"},
+    {"qv_bf16_under_fp8_q", {.headdim_v = 256, .dtype = DType::e4m3, .qv = true},
+     [](Call& c) { c.args.qv->dtype = DType::bf16; }, kType,
+     "q_v must have the same dtype as query"},
     {"qv_dtype", kQv, [](Call& c) { c.args.qv->dtype = DType::f16; }, kType,
      "q_v must have the same dtype as query"},
     {"qv_stride", kQv, [](Call& c) { c.args.qv->strides[3] = 2; }, kValue,
