@@ -141,17 +141,17 @@ TEST(KernelFamily, Fp8PrefillStaysOnSm80) {
 }
 
 // The GPU runner's fp8 step (tests/gpu/run.sh: `random 300 30001 fp8`) keeps the draws over an
-// fp8 cache the CUDA backend takes: its 300 cases reach both fp8 forms, every feature of the
-// contract on them, and the prefill kernel (more than 16 packed query rows), also at head dims
-// above 128 (its one-stage loop).
+// fp8 cache (the CUDA backend takes them all): its 300 cases reach both fp8 forms, every feature
+// of the contract on them, MLA's (qv, only_qv, the latent width 512), and the prefill kernel
+// (more than 16 packed query rows), also at head dims above 128 (its one-stage loop) and MLA's.
 TEST(KernelFamily, GpuRunnerFp8StepCoversTheContract) {
   std::set<std::string> tags;
-  int kept = 0, prefill = 0, wide_prefill = 0;
+  int kept = 0, prefill = 0, wide_prefill = 0, mla_prefill = 0;
   for (uint64_t seed = 30001; kept < 300; ++seed) {
     const std::vector<std::string> f = oracle::random_case_features(seed);
     const auto has = [&](const char* tag) { return std::find(f.begin(), f.end(), tag) != f.end(); };
     const bool fp8_cache = has("dtype=e4m3") || has("fp8_kv_cache_q_bf16") || has("fp8_kv_cache_q_f16");
-    if (!fp8_cache || has("qv")) continue;
+    if (!fp8_cache) continue;
     ++kept;
     tags.insert(f.begin(), f.end());
     const oracle::Case c = oracle::make_random_case(seed);
@@ -159,6 +159,7 @@ TEST(KernelFamily, GpuRunnerFp8StepCoversTheContract) {
     if (int64_t{p.seqlen_q} * p.group > 16) {
       ++prefill;
       wide_prefill += std::max(p.headdim, p.headdim_v) > 128;
+      mla_prefill += p.headdim_v > 256 || p.has_qv;
     }
   }
   for (const char* tag :
@@ -166,11 +167,13 @@ TEST(KernelFamily, GpuRunnerFp8StepCoversTheContract) {
         "fp8_rotary", "fp8_kv_rotary", "fp8_kv_append", "fp8_kv_saturating", "paged", "varlen_q",
         "cache_leftpad", "cache_batch_idx", "append_dense", "append_packed", "causal", "window",
         "attention_chunk", "softcap", "sinks_f32", "sinks_bf16", "heads=32/8", "heads=63/7",
-        "num_splits=many", "pack_gqa_forced"}) {
+        "num_splits=many", "pack_gqa_forced", "fp8_kv_qv", "only_qv", "fp8_kv_q_absent",
+        "k_cache_absent", "fp8_kv_headdim_v=512"}) {
     EXPECT_TRUE(tags.count(tag)) << tag;
   }
-  EXPECT_GE(prefill, 80);  // 116 of 300
-  EXPECT_GE(wide_prefill, 30);  // 64
+  EXPECT_GE(prefill, 80);  // 112 of 300
+  EXPECT_GE(wide_prefill, 30);  // 67
+  EXPECT_GE(mla_prefill, 5);  // 8: the (64, 512) prefill kernel over fp8
 }
 
 // FA3's all-fp8 call as the family rule sees it on an H200, opted in: a 4096-row prefill at d 128.

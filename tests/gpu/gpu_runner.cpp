@@ -9,13 +9,15 @@
 //                                                     prefill shapes and keeps the calls the
 //                                                     Hopper prefill family takes; mla draws
 //                                                     MLA shapes (d 64 / d_v 512, qv, only_qv,
-//                                                     1 KV head, 16 or 128 query heads);
+//                                                     1 KV head, 16 or 128 query heads, a fifth
+//                                                     over an fp8 e4m3 cache);
 //                                                     sm90mla draws those and keeps the calls
 //                                                     the sm90_mla kernel takes (on sm_90,
-//                                                     unless KVFLASH_SM90_MLA=0); fp8
-//                                                     keeps the cases over an fp8 e4m3 cache
+//                                                     unless KVFLASH_SM90_MLA=0; 16-bit caches);
+//                                                     fp8 keeps the cases over an fp8 e4m3 cache
 //                                                     (FA3's all-fp8 calls and 16-bit queries
-//                                                     over fp8), which a plain draw also makes;
+//                                                     over fp8, qv / only_qv among them), which a
+//                                                     plain draw also makes;
 //                                                     sm90fp8 draws FA3's all-fp8 prefill calls
 //                                                     (d = d_v 64 / 128 / 256, >= 64 query rows)
 //                                                     and keeps those the sm90 family's fp8 kernel

@@ -80,12 +80,9 @@ inline KvCacheArgs device_args(const KvCacheArgs& host, DeviceMirror& mirror) {
 
 // What this build of the CUDA backend takes (the rest answers Error(unsupported)): fp16 / bf16
 // (q, or qv without q, and both caches), fp8 e4m3 (FA3's all-fp8 call, and a 16-bit query over an
-// fp8 cache) but not qv over an fp8 cache, every head dim the contract allows (d_v 512 prefill
-// needs a GPU with 151 KB of shared memory per CTA: cuda/host/call_params.cpp), qv, only_qv.
-inline bool cuda_supports(const KvCacheArgs& a) {
-  const DType cache = a.v_cache->dtype;
-  return cache == DType::bf16 || cache == DType::f16 ||
-         (cache == DType::e4m3 && !a.qv);
-}
+// fp8 cache), every head dim the contract allows (d_v 512 prefill needs a GPU with 151 KB of
+// shared memory per CTA: cuda/host/call_params.cpp), qv, only_qv (over fp8 caches too): every
+// call but float32's, the CPU backend's alone.
+inline bool cuda_supports(const KvCacheArgs& a) { return a.v_cache->dtype != DType::f32; }
 
 }  // namespace kvflash::gpu_test

@@ -84,13 +84,15 @@ step sm90persistent sm90persistent.log env KVFLASH_SM90_PERSISTENT=1 KVFLASH_SM9
 step sm90bigtiles sm90bigtiles.log env KVFLASH_SM90_SMALL_TILES=0 KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" \
   "$RUNNER" random "${SM90_BIG_TILES_CASES:-300}" 1 sm90
 step sm80prefill sm80prefill.log env KVFLASH_SM90=0 "$RUNNER" random "${SM80_PREFILL_CASES:-300}" 20001 prefill
-# MLA (d 64 / d_v 512, qv, only_qv, 1 KV head, 16 or 128 query heads), which a plain draw rarely makes.
+# MLA (d 64 / d_v 512, qv, only_qv, 1 KV head, 16 or 128 query heads; a fifth over an fp8 e4m3
+# latent cache with descales), which a plain draw rarely makes.
 step mla mla.log env KVFLASH_SM90_MLA=0 "$RUNNER" random "${MLA_CASES:-300}" 1 mla
 # The same draws' calls the sm90_mla kernel takes (decode shapes with qv), then its bench rows
 # (16 heads b64 x 8k page 64: TB/s; 128 heads b128 x 8k: TFLOP/s) beside the portable kernels'.
 step sm90mla sm90mla.log env KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random "${MLA_CASES:-300}" 1 sm90mla
 step mlabench mlabench.log bash -c "'$RUNNER' bench mla && KVFLASH_SM90_MLA=0 '$RUNNER' bench mla"
-# fp8 (issue 15): FA3's all-fp8 calls and 16-bit queries over an fp8 e4m3 cache, from the plain draw.
+# fp8 (issue 15): FA3's all-fp8 calls and 16-bit queries over an fp8 e4m3 cache (MLA's qv / only_qv
+# among them, issue 16), from the plain draw.
 step fp8 fp8.log "$RUNNER" random "${FP8_CASES:-300}" 30001 fp8
 # FA3's all-fp8 prefill on the sm90 family's fp8 kernel (opt-in KVFLASH_SM90_FP8=1, which the
 # subset also sets itself): d = d_v 64 / 128 / 256, >= 64 query rows, one split.
