@@ -8,7 +8,8 @@
 //   heads at batch 64 x 8192 (TB/s of cache read, memory bound; also with page 1, SGLang's
 //   default) and 128 query heads at batch 128 x 8192 (TFLOP/s, compute bound); the family that
 //   ran is printed with the plan (sm90_mla on the H200; the portable kernels with
-//   KVFLASH_SM90_MLA=0).
+//   KVFLASH_SM90_MLA=0); the same two over an fp8 e4m3 cache with k / v descales of 1 (the
+//   portable kernels, after q's and qv's scaled copies; TB/s of the fp8 bytes read).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -188,13 +189,16 @@ Result bench_prefill(int seqlen, bool causal) {
   return {causal ? "prefill 16k causal" : "prefill 16k non-causal", ms, flops / (ms * 1e-3) / 1e12, "TFLOP/s"};
 }
 
-// MLA decode: one query token per sequence against `context` keys of 576 channels each.
-Result bench_mla(int batch, int heads, int context, int page_size = 64) {
+// MLA decode: one query token per sequence against `context` keys of 576 channels each; cache:
+// bf16, or e4m3 with k / v descales (issue 16's fp8 latent cache).
+Result bench_mla(int batch, int heads, int context, int page_size = 64, DType cache = DType::bf16) {
   constexpr int kRope = 64, kLatent = 512;
   const int pages_per_seq = context / page_size;
   const int num_pages = batch * pages_per_seq;
-  void* k_cache = random_bf16(size_t(num_pages) * page_size * kRope);
-  void* v_cache = random_bf16(size_t(num_pages) * page_size * kLatent);
+  const bool fp8 = cache == DType::e4m3;
+  const size_t k_elems = size_t(num_pages) * page_size * kRope, v_elems = size_t(num_pages) * page_size * kLatent;
+  void* k_cache = fp8 ? random_e4m3(k_elems) : random_bf16(k_elems);
+  void* v_cache = fp8 ? random_e4m3(v_elems) : random_bf16(v_elems);
   void* q = random_bf16(size_t(batch) * heads * kRope);
   void* qv = random_bf16(size_t(batch) * heads * kLatent);
   void* out = random_bf16(size_t(batch) * heads * kLatent);
@@ -206,8 +210,12 @@ Result bench_mla(int batch, int heads, int context, int page_size = 64) {
   KvCacheArgs a;
   a.q = cuda_view(q, DType::bf16, {batch, 1, heads, kRope});
   a.qv = cuda_view(qv, DType::bf16, {batch, 1, heads, kLatent});
-  a.k_cache = cuda_view(k_cache, DType::bf16, {num_pages, page_size, 1, kRope});
-  a.v_cache = cuda_view(v_cache, DType::bf16, {num_pages, page_size, 1, kLatent});
+  a.k_cache = cuda_view(k_cache, cache, {num_pages, page_size, 1, kRope});
+  a.v_cache = cuda_view(v_cache, cache, {num_pages, page_size, 1, kLatent});
+  if (fp8) {
+    void* ones = repeated(std::vector<float>(size_t(batch), 1.0f), size_t(batch));
+    a.k_descale = a.v_descale = cuda_view(ones, DType::f32, {batch, 1});
+  }
   a.page_table = cuda_view(device_ints(pages), DType::i32, {batch, pages_per_seq});
   a.cache_seqlens = cuda_view(device_ints(std::vector<int32_t>(size_t(batch), context)), DType::i32, {batch});
   a.causal = true;
@@ -219,12 +227,13 @@ Result bench_mla(int batch, int heads, int context, int page_size = 64) {
   o.softmax_lse = cuda_view(lse, DType::f32, {batch, heads, 1});
   const double ms = time_calls(calls, o, 20);
   if (heads <= 16) {
-    const double bytes = double(batch) * context * (kRope + kLatent) * 2;
-    const char* name = page_size == 1 ? "mla h16 b64 x 8192 p1" : "mla h16 b64 x 8192 (TB/s)";
+    const double bytes = double(batch) * context * (kRope + kLatent) * (fp8 ? 1 : 2);
+    const char* name = fp8 ? "mla fp8 h16 b64 x 8192 (TB/s)"
+                       : page_size == 1 ? "mla h16 b64 x 8192 p1" : "mla h16 b64 x 8192 (TB/s)";
     return {name, ms, bytes / (ms * 1e-3) / 1e12, "TB/s"};
   }
   const double flops = 2.0 * batch * heads * double(context) * (kRope + 2 * kLatent);  // q.k + qv.v, P V
-  return {"mla h128 b128 x 8192", ms, flops / (ms * 1e-3) / 1e12, "TFLOP/s"};
+  return {fp8 ? "mla fp8 h128 b128 x 8192" : "mla h128 b128 x 8192", ms, flops / (ms * 1e-3) / 1e12, "TFLOP/s"};
 }
 
 }  // namespace
@@ -245,6 +254,8 @@ int run_bench(const std::string& only) {
     if (wanted("mla16")) results.push_back(bench_mla(64, 16, 8192));
     if (wanted("mla16p1")) results.push_back(bench_mla(64, 16, 8192, 1));
     if (wanted("mla128")) results.push_back(bench_mla(128, 128, 8192));
+    if (wanted("mla16_fp8")) results.push_back(bench_mla(64, 16, 8192, 64, DType::e4m3));
+    if (wanted("mla128_fp8")) results.push_back(bench_mla(128, 128, 8192, 64, DType::e4m3));
   } catch (const Error& e) {
     std::printf("bench: the call threw: %s\n", e.what());
     return 1;

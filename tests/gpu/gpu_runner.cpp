@@ -31,7 +31,8 @@
 //   kvflash_gpu_runner combine                        kvflash::combine on the GPU vs the CPU
 //   kvflash_gpu_runner bench [case]                   the speed floors (decode64, decode1,
 //                                                     prefill, prefill_causal, mla16, mla16p1,
-//                                                     mla128, or mla for the three; default all;
+//                                                     mla128, mla16_fp8, mla128_fp8, or mla
+//                                                     for the five; default all;
 //                                                     KVFLASH_BENCH_NUM_SPLITS=N bounds the MLA
 //                                                     rows' splits)
 //   kvflash_gpu_runner badinput | bitwise [count] | streams [count]
