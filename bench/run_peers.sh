@@ -7,7 +7,9 @@
 #   OUT=/tmp/o bench/run_peers.sh --quick         # arguments go to python -m kvflash.bench
 #   TOTAL=570   seconds for the whole script (the suite gets what the setup leaves; default 570,
 #               240 with --quick)
-#   PREBUILT=dir  use dir/_kvflash*.so (built for this Python) instead of building
+#   PREBUILT=dir  use dir/_kvflash*.so (built for this Python) instead of building; by default
+#               .prebuilt/py's (scripts/prebuild_gpu.sh with PREBUILT_PYTHON) when it was built
+#               from this tree's sources for this Python
 # Files in $OUT (at most 8 come back from a device call): results.csv, results.md, decode.png,
 # prefill.png, bench.log, build.log, env.txt.
 set -u -o pipefail
@@ -38,6 +40,14 @@ fi
 
 # --- kvflash's extension (tests/python/gpu_run.sh's build, all instantiations) ----------------
 BUILD=${BUILD:-build-gpupy}  # shared with tests/python/gpu_run.sh on the GPU machine
+ext_suffix=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+if [ -z "${PREBUILT:-}" ] && [ -f ".prebuilt/py/_kvflash$ext_suffix.xz" ] &&
+    [ "$(cat .prebuilt/SOURCE)" = "$(bash scripts/prebuild_gpu.sh --source-hash)" ]; then
+  PREBUILT=/tmp/kvflash-prebuilt-py && mkdir -p "$PREBUILT"
+  "$PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    ".prebuilt/py/_kvflash$ext_suffix.xz" "$PREBUILT/_kvflash$ext_suffix"  # xz may be missing there
+  echo "kvflash extension: .prebuilt/py ($(cat .prebuilt/SOURCE))" >>"$OUT/build.log"
+fi
 if [ -n "${PREBUILT:-}" ]; then
   mkdir -p "$BUILD/python" && cp "$PREBUILT"/_kvflash*.so "$BUILD/python/"
 fi
