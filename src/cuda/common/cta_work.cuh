@@ -171,8 +171,8 @@ struct CtaStart {
 };
 
 // The common start of both attention kernels. False: the CTA is done (nothing to do, or its rows
-// see no key and no sink, and were written as such).
-template <class Elem>
+// see no key and no sink, and were written as such, in the output's type Out).
+template <class Out>
 __device__ __forceinline__ bool start_cta(const AttentionParams& p, int row0, int rows, CtaStart& s) {
   wait_for_prerequisites();  // the kernel may overlap the stream's previous one (launch.cuh)
   // The combine's CTAs may start their prologue now: what it reads before its own wait (lengths,
@@ -185,7 +185,7 @@ __device__ __forceinline__ bool start_cta(const AttentionParams& p, int row0, in
   s.add_sink = adds_sink(p, s.col);
   s.dst_rows = RowDestination(p, s.col);
   if (s.keys.lo >= s.keys.hi && !s.add_sink) {  // most CTAs of an unused split: no shared memory touched
-    store_empty_rows<Elem>(p, s.dst_rows, blockIdx.y, row0, rows);
+    store_empty_rows<Out>(p, s.dst_rows, blockIdx.y, row0, rows);
     return false;
   }
   return true;

@@ -466,7 +466,7 @@ __device__ __forceinline__ void consume(const PrefillParams<T>& params, typename
     E* sO = ss.q.data();
     write_scaled_rows(tOrO, tOcO, factor, [&](int row, int col, float v) { sO[o_tile_index<T>(row, col)] = E(v); });
     cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
-    store_rows<typename T::Elem>(
+    store_rows<typename T::Out>(
         p, start.dst_rows, head, row0, T::kBlockM,
         [&](int r, int c) {
           const E* o = sO + o_tile_index<T>(r, c);
@@ -560,7 +560,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
   const int head = blockIdx.y;
   const int row0 = (gridDim.x - 1 - blockIdx.x) * T::kBlockM;
   CtaStart start;
-  if (!start_cta<typename T::Elem>(params.p, row0, T::kBlockM, start)) return;
+  if (!start_cta<typename T::Out>(params.p, row0, T::kBlockM, start)) return;
   const int2 n = key_blocks<T>(start);
   auto pipes = setup_pipelines<T>(params, ss);
 
@@ -616,7 +616,7 @@ __device__ __forceinline__ int for_each_tile(const PrefillParams<T>& params, int
     CtaStart start;
     const TileWork found = find_tile_work(params.p, tile.column, row0, T::kBlockM, start);
     if (found == TileWork::empty && store_threads > 0) {
-      store_empty_rows<typename T::Elem>(params.p, start.dst_rows, head, row0, T::kBlockM, store_thread, store_threads);
+      store_empty_rows<typename T::Out>(params.p, start.dst_rows, head, row0, T::kBlockM, store_thread, store_threads);
     }
     if (found == TileWork::rows) work(start, head, row0, tiles++);
   }
