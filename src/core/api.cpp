@@ -270,9 +270,10 @@ void PreparedCall::run(const Outputs& outputs, const RunOptions& options) const 
   const Problem& p = state_->problem;
   const Plan& plan = state_->plan;
   const Outputs checked = checked_outputs(p, outputs, plan.num_splits);
-  // Also with one split or the caller's partials: the CUDA backend keeps the per-batch splits and
-  // the query copies (rotated, converted or scaled q / qv) there too.
-  check_workspace(options.workspace, state_->backend.workspace_size(p, plan));
+  // A given workspace, also with one split or the caller's partials: the CUDA backend keeps the
+  // per-batch splits and the query copies (rotated, converted or scaled q / qv) there too. Without
+  // one nothing is sized here (the backend takes its own scratch): no layout on that hot path.
+  if (options.workspace.data != nullptr) check_workspace(options.workspace, workspace_size());
   state_->backend.run(p, plan, checked, options);
 }
 
