@@ -36,7 +36,25 @@ namespace kvflash::oracle {
 // first (scaled_query_rounding): one rounding of each element moves a score by at most the type's
 // unit roundoff times the row's Cauchy-Schwarz bound, so any_backend's score_rel grows by it. The
 // CPU backend scales in fp32 and keeps the fp32_probabilities budget.
-Tolerance tolerance_for(DType input_dtype, ToleranceProfile profile) {
+// fp8 tensor cores (fp8_tensor_cores: the sm90 fp8 kernel's QGMMA, e4m3 x e4m3 into an fp32
+// accumulator) do not add in fp32: each k-step of 32 products reaches the accumulator with about
+// 13 bits (FP8_STEP_MEASURE), so a score may be off by ~2^-13 of sum |q_i k_i| per step,
+// ceil(d / 32) steps; the bound is kFp8StepError per step, FP8_STEP_HEADROOM.
+constexpr double kFp8StepError = 0x1p-12;
+
+double fp8_tensor_core_accumulation(int qk_headdim) { return (qk_headdim + 31) / 32 * kFp8StepError; }
+
+ToleranceProfile gpu_tolerance_profile(const KvCacheArgs& a, const Plan& plan) {
+  const bool fp8_gemms = plan.kernel.family == KernelFamily::sm90 && a.q && a.q->dtype == DType::e4m3;
+  return fp8_gemms ? ToleranceProfile::fp8_tensor_cores : ToleranceProfile::any_backend;
+}
+
+Tolerance tolerance_for(DType input_dtype, ToleranceProfile profile, int qk_headdim) {
+  if (profile == ToleranceProfile::fp8_tensor_cores) {
+    Tolerance t = tolerance_for(input_dtype, ToleranceProfile::any_backend);
+    t.score_rel += fp8_tensor_core_accumulation(qk_headdim);
+    return t;
+  }
   if (profile == ToleranceProfile::fp32_probabilities) {
     switch (input_dtype) {
       case DType::f16: return {4.9e-4, 4.9e-4, 1e-4, 2e-6};
@@ -85,8 +103,9 @@ namespace {
 class Checker {
  public:
   Checker(const Case& c, const OracleResult& ref, Comparison& result, ToleranceProfile profile)
-      : c_(c), ref_(ref), result_(result), tol_(tolerance_for(input_dtype(c), profile)) {
-    if (profile == ToleranceProfile::any_backend) tol_.score_rel += scaled_query_rounding(c.args);
+      : c_(c), ref_(ref), result_(result),
+        tol_(tolerance_for(input_dtype(c), profile, c.args.q ? int(c.args.q->size(-1)) : 0)) {
+    if (profile != ToleranceProfile::fp32_probabilities) tol_.score_rel += scaled_query_rounding(c.args);
   }
 
   // The query's (q's, else qv's) dtype picks the row, also over an fp8 cache (see the table).

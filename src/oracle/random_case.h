@@ -116,8 +116,17 @@ struct Tolerance {
 // any_backend: what every backend must meet (GPU kernels round P to the input type before P.V).
 // fp32_probabilities: for backends that keep P in fp32 (the CPU backend), whose out then differs
 // from the oracle by little more than its final rounding; a tighter net for logic bugs.
-enum class ToleranceProfile { any_backend, fp32_probabilities };
-Tolerance tolerance_for(DType input_dtype, ToleranceProfile profile = ToleranceProfile::any_backend);
+// fp8_tensor_cores: any_backend's, for a kernel whose e4m3 scores come from fp8 tensor-core GEMMs
+// (the sm90 family's fp8 kernel), which add each k-step of 32 products with fewer bits than fp32:
+// score_rel grows by fp8_tensor_core_accumulation(d) (compare.cpp says why the number).
+enum class ToleranceProfile { any_backend, fp32_probabilities, fp8_tensor_cores };
+Tolerance tolerance_for(DType input_dtype, ToleranceProfile profile = ToleranceProfile::any_backend,
+                        int qk_headdim = 0);
+// The relative score error of an fp8 tensor-core dot product of depth qk_headdim beyond fp32's.
+double fp8_tensor_core_accumulation(int qk_headdim);
+// The profile a GPU call planned as `plan` is held to: fp8_tensor_cores for an all-fp8 call on
+// the sm90 family (its fp8 kernel), else any_backend.
+ToleranceProfile gpu_tolerance_profile(const KvCacheArgs& a, const Plan& plan);
 // The relative error a backend may add to a call's scores beyond fp32 accumulation: with qv over an
 // fp8 cache (a 16-bit query), q times k_descale and qv times v_descale rounded once each to the
 // query's type (contract 5.8; the CUDA backend's copies), at most its unit roundoff (fp16 2^-11,

@@ -203,5 +203,55 @@ TEST(Fp8Cache, ScaledQueryCopiesAreWithinTheOraclesTolerance) {
   EXPECT_EQ(oracle::scaled_query_rounding(KvCacheArgs{}), 0.0);  // no qv
 }
 
+// The fp8_tensor_cores profile (the sm90 fp8 kernel's scores from fp8 tensor cores) widens the
+// LSE bound by fp8_tensor_core_accumulation(d) times the row's score bound, and by no more: an
+// LSE moved by 3/4 of that term passes it and fails any_backend; moved by 3/2 of it, fails both.
+// The CPU backend's answer to FA3's all-fp8 prefill calls (drawn as the GPU runner's sm90fp8
+// subset draws them) is the unmoved starting point.
+TEST(Fp8TensorCores, ProfileWidensTheScoreBoundByTheAccumulationAndNoMore) {
+  int cases = 0;
+  for (uint64_t seed = 1; cases < 4 && seed < 200; ++seed) {
+    oracle::Case c = oracle::make_random_case(seed, oracle::sm90_fp8_prefill_limits());
+    if (c.args.q->dtype != DType::e4m3) continue;
+    SCOPED_TRACE(oracle::describe(c));
+    const oracle::OracleResult ref = oracle::run_oracle(c.args);
+    oracle::CaseOutputs run = oracle::allocate_outputs(output_spec(c.args), false);
+    flash_attn_with_kvcache(c.args, run.outputs);
+    // The finite row of the largest score bound, so that the moves leave any_backend's budget.
+    int64_t worst = -1, worst_row = -1;
+    for (int64_t token = 0; token < ref.total_q; ++token) {
+      for (int h = 0; h < ref.num_heads; ++h) {
+        const int64_t at = ref.lse_index(token, h), row = ref.row_index(token, h);
+        if (std::isfinite(ref.lse[at]) && (worst < 0 || ref.score_scale[row] > ref.score_scale[worst_row])) {
+          worst = at, worst_row = row;
+        }
+      }
+    }
+    if (worst < 0 || ref.score_scale[worst_row] < 1.0) continue;
+    ++cases;
+    const int d = int(c.args.q->size(-1));
+    const Plan sm90_plan = [] {
+      Plan p;
+      p.kernel.family = KernelFamily::sm90;
+      return p;
+    }();
+    EXPECT_EQ(oracle::gpu_tolerance_profile(c.args, sm90_plan), oracle::ToleranceProfile::fp8_tensor_cores);
+    EXPECT_EQ(oracle::gpu_tolerance_profile(c.args, Plan{}), oracle::ToleranceProfile::any_backend);
+    EXPECT_GT(oracle::fp8_tensor_core_accumulation(d), 0.0);
+    auto check = [&](oracle::ToleranceProfile profile) { return oracle::compare(c, ref, run.outputs, nullptr, profile).ok; };
+    EXPECT_TRUE(check(oracle::ToleranceProfile::fp8_tensor_cores));
+    float& lse = run.outputs.softmax_lse->ptr<float>()[worst];
+    const float computed = lse;
+    const double term = oracle::fp8_tensor_core_accumulation(d) * ref.score_scale[worst_row];
+    lse = float(ref.lse[worst] + 0.75 * term);
+    EXPECT_TRUE(check(oracle::ToleranceProfile::fp8_tensor_cores));
+    EXPECT_FALSE(check(oracle::ToleranceProfile::any_backend));
+    lse = float(ref.lse[worst] + 1.5 * term);
+    EXPECT_FALSE(check(oracle::ToleranceProfile::fp8_tensor_cores));
+    lse = computed;
+  }
+  EXPECT_EQ(cases, 4);
+}
+
 }  // namespace
 }  // namespace kvflash::cpu_test
