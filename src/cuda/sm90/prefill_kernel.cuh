@@ -20,7 +20,7 @@
 //    producer loads the next tile's first K / V block while the consumers finish the tile before;
 //    the epilogue writes O in the element type over the Q tile only (not over K / V), and the next
 //    Q waits for the consumers' stores (a named barrier).
-//  - fp8 (Elem __nv_fp8_e4m3: FA3's all-fp8 call, rung 3's kernel only): Q, K and V tiles in
+//  - fp8 (Elem __nv_fp8_e4m3: FA3's all-fp8 call, rung 3's and rung 4's kernels): Q, K and V tiles in
 //    e4m3, a bf16 output, the descales in the score scale and the output factor. 8-bit wgmma reads
 //    V^T K-major: the producer group's warps 1-3 transpose each V stage into a V^T stage
 //    (fp8_v.cuh; a second pipeline hands it to the consumers), keys in P's register order.
@@ -59,7 +59,7 @@ template <class Elem_, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_
 struct PrefillTraits {
   using Elem = Elem_;  // __nv_bfloat16, __half or (FA3's all-fp8 call) __nv_fp8_e4m3
   using E = typename CuteElem<Elem>::type;
-  // fp8: q, K and V e4m3, a bf16 output; V^T made by the producer group (fp8_v.cuh). Rung 3 only.
+  // fp8: q, K and V e4m3, a bf16 output; V^T made by the producer group (fp8_v.cuh). Rungs 3, 4.
   static constexpr bool kFp8 = std::is_same_v<Elem, __nv_fp8_e4m3>;
   using Out = conditional_t<kFp8, __nv_bfloat16, Elem>;
   // Q and K rows have kHeadDim channels, V and O rows kHeadDimV (equal, or 192 / 128).
@@ -81,8 +81,8 @@ struct PrefillTraits {
   // Producer / consumer registers per thread after setmaxnreg: the producer keeps 24, the
   // consumers take the rest of the CTA's share of the register file (whole multiples of 8). One
   // CTA of one consumer group does not reallocate: 256 threads already get 255 each.
-  static_assert(!kFp8 || (kConsumerWGs_ == 2 && kOverlap_ && !kPingPong_ && !kPersistent_ && kHeadDim_ == kHeadDimV_),
-                "fp8: rung 3's kernel at d == d_v");
+  static_assert(!kFp8 || (kConsumerWGs_ == 2 && kOverlap_ && !kPersistent_ && kHeadDim_ == kHeadDimV_),
+                "fp8: rung 3's or rung 4's kernel at d == d_v");
   static constexpr bool kReallocate = kConsumerWGs == 2 || kCtasPerSm == 2;
   // The transposers (fp8) keep more than the TMA lane needs: their lane's address constants, a
   // unit's words and addresses, two pipelines' states (40 spilled them); fp8's consumers need

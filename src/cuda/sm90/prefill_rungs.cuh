@@ -73,10 +73,20 @@ void launch_16bit_rung(const AttentionParams& p, int kv_group, int rung, cudaStr
   launch_planned<Elem, kHeadDim, kHeadDimV, false>(p, kv_group, stream);
 }
 
-// fp8 (FA3's all-fp8 call) has rung 3's kernel only, over every page size the family reads.
+// fp8 (FA3's all-fp8 call) has rung 3's kernel over every page size the family reads, and rung 4's
+// (ping-pong) over a dense cache or pages of whole blocks.
+template <class Elem, int kHeadDim, int kHeadDimV>
+void launch_fp8_rung(const AttentionParams& p, int kv_group, int rung, cudaStream_t stream) {
+  constexpr int kBlockN = prefill_block_n(kHeadDim, kHeadDimV);
+  if (rung == kPingPongRung && (!p.cache.paged || p.cache.page_size.divisor % kBlockN == 0)) {
+    return launch_prefill<PrefillTraits<Elem, kHeadDim, kHeadDimV, 128, kBlockN, 2, 2, true, true>>(p, kv_group, stream);
+  }
+  launch_planned<Elem, kHeadDim, kHeadDimV, false>(p, kv_group, stream);
+}
+
 template <class Elem, int kHeadDim, int kHeadDimV>
 void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaStream_t stream) {
-  if constexpr (std::is_same_v<Elem, __nv_fp8_e4m3>) launch_planned<Elem, kHeadDim, kHeadDimV, false>(p, kv_group, stream);
+  if constexpr (std::is_same_v<Elem, __nv_fp8_e4m3>) launch_fp8_rung<Elem, kHeadDim, kHeadDimV>(p, kv_group, rung, stream);
   else launch_16bit_rung<Elem, kHeadDim, kHeadDimV>(p, kv_group, rung, stream);
 }
 
