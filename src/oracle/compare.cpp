@@ -37,9 +37,13 @@ namespace kvflash::oracle {
 // unit roundoff times the row's Cauchy-Schwarz bound, so any_backend's score_rel grows by it. The
 // CPU backend scales in fp32 and keeps the fp32_probabilities budget.
 // fp8 tensor cores (fp8_tensor_cores: the sm90 fp8 kernel's QGMMA, e4m3 x e4m3 into an fp32
-// accumulator) do not add in fp32: each k-step of 32 products reaches the accumulator with about
-// 13 bits (FP8_STEP_MEASURE), so a score may be off by ~2^-13 of sum |q_i k_i| per step,
-// ceil(d / 32) steps; the bound is kFp8StepError per step, FP8_STEP_HEADROOM.
+// accumulator) do not add in fp32. bench/fp8_accumulation.py measured them on an H100 (session 24,
+// BENCHMARKS.md): the largest error of a dot product of depth 32 (one k-step) is 9.5e-5 of
+// sum |a_k b_k| (2^-13.4), of depth 64 2.0e-4, 128 2.2e-4, 256..1024 <= 3.1e-4 (2^-11.7); cuBLASLt's
+// promoted accumulation errs as much up to depth 128. So each k-step may add ~2^-13 of sum |q_i k_i|
+// (<= the row's Cauchy-Schwarz bound), ceil(d / 32) steps: the bound is twice that per step, 2^-12
+// (d 64: 4.9e-4, d 128: 9.8e-4, d 256: 2.0e-3). The sm90 fp8 kernel's LSEs (H100, 101 cases) were
+// off by up to 1.8e-4 (d 64), 1.5e-4 (d 128) and 2.5e-4 (d 256) of the score bound: inside it.
 constexpr double kFp8StepError = 0x1p-12;
 
 double fp8_tensor_core_accumulation(int qk_headdim) { return (qk_headdim + 31) / 32 * kFp8StepError; }
