@@ -107,6 +107,67 @@ int transposers_write_v_transposed(int valid, int& load_ways, int& store_ways) {
   return bad;
 }
 
+// The matrix transposer by hand: ldmatrix.x4.trans and stmatrix.x4 (PTX ISA: lanes 8m .. 8m + 7
+// give the row addresses of matrix m; thread t holds, of matrix m, the 16-bit elements (row t / 4,
+// columns 2 (t % 4), + 1), which .trans takes from the matrix's transpose: (rows 2 (t % 4), + 1,
+// column t / 4)) over the same V stage, every group of every warp.
+template <class T>
+int matrix_transposers_write_v_transposed(int valid, int& load_ways, int& store_ways) {
+  constexpr int N = T::kBlockN, D = T::kHeadDimV;
+  using Walk = sm90::Fp8MatrixTranspose<N, D>;
+  std::mt19937 rng(uint32_t(D * 1000 + valid));
+  std::vector<uint8_t> v(N * D), v_stage(N * D), vt_stage(N * D, 0);
+  std::vector<int> writes(N * D, 0);
+  for (int key = 0; key < N; ++key) {
+    for (int c = 0; c < D; ++c) v_stage[sm90::fp8_tile_offset<N, D>(key, c)] = v[key * D + c] = uint8_t(rng());
+  }
+  auto b16 = [&](uint32_t at) { return uint32_t(v_stage[at]) | uint32_t(v_stage[at + 1]) << 8; };
+  load_ways = store_ways = 0;
+  int bad = 0;
+  for (int warp = 0; warp < sm90::kTransposeThreads / 32; ++warp) {
+    for (int group = warp; group < Walk::kGroups; group += sm90::kTransposeThreads / 32) {
+      uint32_t load_row[32], store_row[32];
+      for (uint32_t lane = 0; lane < 32; ++lane) {
+        const Walk walk(lane);
+        load_row[lane] = walk.load_row(lane, group);
+        store_row[lane] = walk.store_row(lane, group);
+        bad += load_row[lane] % 16 != 0 || store_row[lane] % 16 != 0;
+        bad += load_row[lane] != sm90::fp8_tile_offset<N, D>(32 * Walk::slice_of(group) + lane, 16 * Walk::chunk_of(group));
+      }
+      for (int m = 0; m < 4; ++m) {  // 8 rows of 16 bytes a matrix: 4-byte words' banks
+        std::vector<uint32_t> loads, stores;
+        for (int i = 0; i < 8; ++i) {
+          for (int w = 0; w < 4; ++w) loads.push_back(load_row[8 * m + i] + 4 * w), stores.push_back(store_row[8 * m + i] + 4 * w);
+        }
+        load_ways = std::max(load_ways, bank_ways(loads));
+        store_ways = std::max(store_ways, bank_ways(stores));
+      }
+      for (uint32_t t = 0; t < 32; ++t) {
+        uint32_t in[4], out[4];
+        for (int m = 0; m < 4; ++m) {  // .trans: rows 2 (t % 4), + 1 of matrix m, 16-bit column t / 4
+          const uint32_t col = 2 * (t / 4);
+          in[m] = b16(load_row[8 * m + 2 * (t % 4)] + col) | b16(load_row[8 * m + 2 * (t % 4) + 1] + col) << 16;
+        }
+        const Walk walk(t);
+        sm90::fp8_matrix_words<false>(walk, t, in, 0, out);
+        if (valid < N) sm90::fp8_matrix_words<true>(walk, t, in, valid - 32 * int(Walk::slice_of(group)), out);
+        for (int m = 0; m < 4; ++m) {  // row t / 4 of matrix m, bytes 4 (t % 4) .. + 3
+          const uint32_t at = store_row[8 * m + t / 4] + 4 * (t % 4);
+          for (int b = 0; b < 4; ++b) vt_stage[at + b] = uint8_t(out[m] >> (8 * b)), ++writes[at + b];
+        }
+      }
+    }
+  }
+  for (int n : writes) bad += n != 1;
+  for (int c = 0; c < D; ++c) {
+    for (int slot = 0; slot < N; ++slot) {
+      const int key = key_of_slot(slot);
+      bad += vt_stage[sm90::fp8_tile_offset<D, N>(c, slot)] != (key < valid ? v[key * D + c] : 0);
+    }
+  }
+  return bad;
+}
+
 template <class T>
 int p_is_the_a_operand() {
   constexpr int N = T::kBlockN;
@@ -133,12 +194,17 @@ int check() {
   using T = Traits<kHeadDim>;
   const int offsets = tile_offsets_are_cute<T>();
   int load_ways = 0, store_ways = 0, walk = 0;
-  for (int valid : {T::kBlockN, T::kBlockN - 5, 1, 0}) walk += transposers_write_v_transposed<T>(valid, load_ways, store_ways);
+  int matrix_load_ways = 0, matrix_store_ways = 0, matrix_walk = 0;
+  for (int valid : {T::kBlockN, T::kBlockN - 5, 1, 0}) {
+    walk += transposers_write_v_transposed<T>(valid, load_ways, store_ways);
+    matrix_walk += matrix_transposers_write_v_transposed<T>(valid, matrix_load_ways, matrix_store_ways);
+  }
   const int p = p_is_the_a_operand<T>();
-  std::printf("sm90 fp8 d %d (block %d x %d): %d tile offset, %d transposer, %d P operand mismatches; bank ways "
-              "load %d, store %d; %d bytes of shared memory\n",
-              kHeadDim, T::kBlockM, T::kBlockN, offsets, walk, p, load_ways, store_ways, T::kSmemBytes);
-  return offsets + walk + p;
+  std::printf("sm90 fp8 d %d (block %d x %d): %d tile offset, %d transposer, %d matrix transposer, %d P operand "
+              "mismatches; bank ways load %d, store %d (matrix transposer: %d, %d); %d bytes of shared memory\n",
+              kHeadDim, T::kBlockM, T::kBlockN, offsets, walk, matrix_walk, p, load_ways, store_ways,
+              matrix_load_ways, matrix_store_ways, T::kSmemBytes);
+  return offsets + walk + matrix_walk + p;
 }
 
 }  // namespace

@@ -162,24 +162,134 @@ __device__ __forceinline__ void transpose_v_stage(uint32_t v_stage, uint32_t vt_
   }
 }
 
+// The matrix transposer (opt-in, KVFLASH_SM90_FP8_LDSM=1: written without a GPU, not yet run on
+// one): a warp moves a group of 32 keys (one slice) x 16 channels (one 16-byte chunk) with one
+// ldmatrix.x4.trans and one stmatrix.x4, 512 bytes each, where the word transposer above takes
+// 4 x 32-bit loads and stores and their address arithmetic per 512 bytes (session 24's ncu: a
+// quarter of the kernel's instructions, on the consumers' schedulers).
+//  - ldmatrix: lane l gives the row of key 32 slice + l (matrix l / 8, keys 8 m .. 8 m + 7 of the
+//    slice) at the group's chunk. Transposed in 16-bit units, thread t (c = t / 4, q = t % 4) gets
+//    from matrix m the channel pair 16 g + 2c, +1 of keys 8m + 2q, 8m + 2q + 1 (bytes: key 2q's
+//    two channels, then key 2q + 1's).
+//  - prmt 0x6420 of matrices (0, 1) gives channel 2c's keys 2q, 2q + 1, 8 + 2q, 9 + 2q: the slots
+//    4q .. 4q + 3 of the slice's first half, in the order fp8_slot_key asks; 0x7531 channel 2c + 1;
+//    matrices (2, 3) the second half.
+//  - stmatrix: register m of thread t goes to row t / 4 of matrix m at bytes 4q .. 4q + 3; matrix
+//    m (0, 1: the first half's 16 slots, 2, 3: the second's) has rows = channels 16 g + 2i + b,
+//    b = (m % 2) ^ (i >= 4), so that the 8 rows of one matrix fall in 8 different swizzle rows
+//    (conflict-free); the thread picks the prmt selector of its row's parity.
+template <int N, int D>
+struct Fp8MatrixTranspose {
+  static constexpr uint32_t kW = D % 128 == 0 ? 128 : 64, kChunks = kW / 16;  // V's atom rows
+  static constexpr uint32_t kWt = N % 128 == 0 ? 128 : 64, kChunksT = kWt / 16;  // V^T's
+  static_assert(N <= kWt, "a V^T row is one atom wide");
+  static constexpr int kSlices = N / 32, kGroups = kSlices * (D / 16);
+  uint32_t load_lane, store_lane, store_swizzle, selector_even, selector_odd;
+
+  __host__ __device__ constexpr explicit Fp8MatrixTranspose(uint32_t lane)
+      : load_lane(lane * kW), store_lane(store_channel(lane) * kWt),
+        store_swizzle(kWt == 128 ? store_channel(lane) % 8 : store_channel(lane) % 8 / 2),
+        selector_even(lane / 4 >= 4 ? 0x7531 : 0x6420), selector_odd(lane / 4 >= 4 ? 0x6420 : 0x7531) {}
+  // The channel (within the group's 16) of row lane % 8 of matrix lane / 8 of the stmatrix.
+  __host__ __device__ static constexpr uint32_t store_channel(uint32_t lane) {
+    const uint32_t i = lane % 8, m = lane / 8;
+    return 2 * i + ((m % 2) ^ (i >= 4 ? 1u : 0u));
+  }
+  // Group `group` (< kGroups): its slice and channel chunk.
+  __host__ __device__ static constexpr uint32_t slice_of(uint32_t group) { return group % kSlices; }
+  __host__ __device__ static constexpr uint32_t chunk_of(uint32_t group) { return group / kSlices; }
+  // This lane's ldmatrix row in the V stage: key 32 slice + lane at channel 16 chunk
+  // (fp8_tile_offset's swizzle: the key's row in the atom is lane % 8).
+  __host__ __device__ constexpr uint32_t load_row(uint32_t lane, uint32_t group) const {
+    const uint32_t g = chunk_of(group), swizzle = kW == 128 ? lane % 8 : lane % 8 / 2;
+    return (g / kChunks) * (N * kW) + 32 * slice_of(group) * kW + load_lane + (((g % kChunks) ^ swizzle) << 4);
+  }
+  // This lane's stmatrix row in the V^T stage: channel 16 chunk + store_channel, slots from
+  // 32 slice + 16 (lane / 16).
+  __host__ __device__ constexpr uint32_t store_row(uint32_t lane, uint32_t group) const {
+    const uint32_t slot_chunk = 2 * slice_of(group) + lane / 16;
+    return 16 * chunk_of(group) * kWt + store_lane + (((slot_chunk % kChunksT) ^ store_swizzle) << 4);
+  }
+  // The keys (from the slice's first) of the bytes of a stored word of half `half` (thread t):
+  // 16 half + {2q, 2q + 1, 8 + 2q, 9 + 2q}.
+  __host__ __device__ static constexpr uint32_t word_key(uint32_t lane, uint32_t half, int byte) {
+    return 16 * half + 8 * uint32_t(byte / 2) + 2 * (lane % 4) + uint32_t(byte % 2);
+  }
+};
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+__device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+// The 4 stored words from the 4 loaded ones (thread `lane`): matrices 2h, 2h + 1 of the load give
+// half h's words, each with its row's selector. kMasked: the bytes of keys from `valid` (counted
+// from the slice's first key) on become zeros.
+template <bool kMasked, int N, int D>
+__host__ __device__ __forceinline__ void fp8_matrix_words(const Fp8MatrixTranspose<N, D>& t, uint32_t lane,
+                                                          const uint32_t (&in)[4], int valid, uint32_t (&out)[4]) {
+  CUTLASS_PRAGMA_UNROLL
+  for (uint32_t h = 0; h < 2; ++h) {
+    uint32_t keep = ~0u;
+    if constexpr (kMasked) {
+      keep = 0;
+      CUTLASS_PRAGMA_UNROLL
+      for (int b = 0; b < 4; ++b) keep |= int(Fp8MatrixTranspose<N, D>::word_key(lane, h, b)) < valid ? 0xffu << (8 * b) : 0u;
+    }
+    out[2 * h] = prmt(in[2 * h], in[2 * h + 1], t.selector_even) & keep;
+    out[2 * h + 1] = prmt(in[2 * h], in[2 * h + 1], t.selector_odd) & keep;
+  }
+}
+
+// One V stage into its V^T stage by the matrix transposer (see transpose_v_stage).
+template <class T, bool kMasked>
+__device__ __forceinline__ void transpose_v_stage_matrix(uint32_t v_stage, uint32_t vt_stage, int valid, int warp,
+                                                         int lane, const Fp8MatrixTranspose<T::kBlockN, T::kHeadDimV>& t) {
+  using Walk = Fp8MatrixTranspose<T::kBlockN, T::kHeadDimV>;
+  CUTLASS_PRAGMA_NO_UNROLL
+  for (int group = warp; group < Walk::kGroups; group += kTransposeThreads / 32) {
+    uint32_t in[4], out[4];
+    ldsm_x4_trans(v_stage + t.load_row(lane, group), in);
+    fp8_matrix_words<kMasked>(t, lane, in, valid - 32 * int(Walk::slice_of(group)), out);
+    stsm_x4(vt_stage + t.store_row(lane, group), out);
+  }
+}
+
 // The transposers' loop over a tile's key blocks (last to first, as the producer loads them): wait
 // for V's stage, take the V^T stage once the consumers are done with it, transpose, make the
 // writes visible to wgmma (the async proxy), hand V^T to the consumers and V back to the TMA.
-template <class T>
+// kMatrix: the matrix transposer (ldmatrix / stmatrix), else the word one.
+template <class T, bool kMatrix>
 __device__ __forceinline__ void transpose_v(typename T::SharedStorage& ss, typename T::Pipeline& pipe_v,
                                             typename T::VtPipeline& pipe_vt, int seqlen_k, int n_first, int n_last) {
-  const int thread = int(threadIdx.x) - 32;
+  const int thread = int(threadIdx.x) - 32, warp = thread / 32, lane = thread % 32;
   const uint32_t v_base = cast_smem_ptr_to_uint(ss.v.data()), vt_base = cast_smem_ptr_to_uint(ss.vt.data());
   cutlass::PipelineState<T::kStages> v_state;  // V's consumer: phase 0
   auto vt_state = cutlass::make_producer_start_state<typename T::VtPipeline>();  // V^T's buffers start empty
-  const Fp8TransposeAddresses<T::kBlockN, T::kHeadDimV> addr(thread % 32);
+  using Walk = conditional_t<kMatrix, Fp8MatrixTranspose<T::kBlockN, T::kHeadDimV>,
+                             Fp8TransposeAddresses<T::kBlockN, T::kHeadDimV>>;
+  const Walk walk(lane);
   for (int n = n_last; n >= n_first; --n) {
     pipe_v.consumer_wait(v_state);
     pipe_vt.producer_acquire(vt_state);
-    const uint32_t stage = v_state.index() * uint32_t(T::kBlockN * T::kHeadDimV);
+    const uint32_t v = v_base + v_state.index() * uint32_t(T::kBlockN * T::kHeadDimV);
+    const uint32_t vt = vt_base + v_state.index() * uint32_t(T::kBlockN * T::kHeadDimV);
     const int valid = seqlen_k - n * T::kBlockN;
-    if (valid >= T::kBlockN) transpose_v_stage<T, false>(v_base + stage, vt_base + stage, valid, thread / 32, thread % 32, addr);
-    else transpose_v_stage<T, true>(v_base + stage, vt_base + stage, valid, thread / 32, thread % 32, addr);
+    if constexpr (kMatrix) {
+      if (valid >= T::kBlockN) transpose_v_stage_matrix<T, false>(v, vt, valid, warp, lane, walk);
+      else transpose_v_stage_matrix<T, true>(v, vt, valid, warp, lane, walk);
+    } else {
+      if (valid >= T::kBlockN) transpose_v_stage<T, false>(v, vt, valid, warp, lane, walk);
+      else transpose_v_stage<T, true>(v, vt, valid, warp, lane, walk);
+    }
     cutlass::arch::fence_view_async_shared();
     pipe_vt.producer_commit(vt_state);
     pipe_v.consumer_release(v_state);
