@@ -175,9 +175,10 @@ FamilyInputs family_inputs(const PlanKey& key) {
   // KVFLASH_SM90_SMALL_TILES=0 keeps short prompts off the sm90 small-tile kernel (on since
   // session 16's H100 run).
   in.sm90_small_tiles = sm90 && env_switch_on("KVFLASH_SM90_SMALL_TILES");
-  // KVFLASH_SM90_FP8=1 sends FA3's all-fp8 prefill calls to the sm90 family's fp8 kernel: opt-in,
-  // as that kernel has not run on a GPU yet (the portable kernels stay the default).
-  in.sm90_fp8 = sm90 && env_opted_in("KVFLASH_SM90_FP8");
+  // FA3's all-fp8 prefill calls go to the sm90 family's fp8 kernel (on since session 24's H100
+  // run: oracle-clean under the fp8 tensor cores' bound, 2x the portable kernels' speed or more);
+  // KVFLASH_SM90_FP8=0 keeps them on the portable kernels.
+  in.sm90_fp8 = sm90 && env_switch_on("KVFLASH_SM90_FP8");
   const MaskShape mask = normalise_mask(key);
   in.middle_row_keys = middle_row_keys(key, mask);
   // The sm90 kernels run one split: a call that asks for more, or that FA3's rule would split at

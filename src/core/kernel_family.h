@@ -40,8 +40,8 @@ struct FamilyInputs {
   bool sm90_small_tiles = false;
   // FA3's all-fp8 call: the query itself is e4m3 (a 16-bit query over an fp8 cache is not).
   bool fp8_query = false;
-  // The sm90 family's fp8 prefill kernel for the all-fp8 call: off unless KVFLASH_SM90_FP8=1
-  // (family_inputs(); it has not run on a GPU yet, so the portable kernels stay the default).
+  // The sm90 family's fp8 prefill kernel for the all-fp8 call: on unless KVFLASH_SM90_FP8=0
+  // (family_inputs()).
   bool sm90_fp8 = false;
   // Keys the middle query row attends to under the mask (family_inputs(): the static extent, the
   // normalised window): a query tile's average work.

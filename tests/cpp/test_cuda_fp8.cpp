@@ -1,6 +1,6 @@
 // The CUDA backend's host half for fp8 (contract 5.8) on the CPU: the family rule and the
-// instantiation table for calls over an fp8 cache, FA3's all-fp8 prefill on the sm90 family when
-// opted in (KVFLASH_SM90_FP8=1), the parameter blocks those calls' kernels get, and the GPU
+// instantiation table for calls over an fp8 cache, FA3's all-fp8 prefill on the sm90 family unless
+// switched off (KVFLASH_SM90_FP8=0), the parameter blocks those calls' kernels get, and the GPU
 // runner's fp8 draws.
 #include <gtest/gtest.h>
 
@@ -116,28 +116,28 @@ TEST(CudaParams, Fp8CallsRunOnThePortableKernels) {
   EXPECT_EQ(c.append_params.k_descale.data, nullptr);
 }
 
-// A prefill-shaped call over an fp8 cache an H200 would give the sm90 family in 16 bits stays on
-// sm80: a 16-bit query always, FA3's all-fp8 call unless KVFLASH_SM90_FP8=1.
-TEST(KernelFamily, Fp8PrefillStaysOnSm80) {
+// A prefill-shaped call over an fp8 cache an H200 would give the sm90 family in 16 bits: a 16-bit
+// query stays on sm80 always, FA3's all-fp8 call takes the sm90 fp8 kernel unless KVFLASH_SM90_FP8=0.
+TEST(KernelFamily, Fp8PrefillOnSm90UnlessSwitchedOff) {
   const PlanKey key = core::canonical_key(prefill_key(), core::DeviceInfo{132, 90});
   ASSERT_EQ(core::static_plan(key).kernel.family, KernelFamily::sm90);
   PlanKey mixed = key;
   mixed.dtype = DType::e4m3;
   PlanKey all_fp8 = mixed;
   all_fp8.fp8_query = true;
-  for (const char* value : {"0", "true", ""}) {  // opted in by "1" alone
+  for (const char* value : {"1", "true", ""}) {  // switched off by "0" alone
     const ScopedEnv env("KVFLASH_SM90_FP8", value);
     EXPECT_EQ(core::static_plan(mixed).kernel.family, KernelFamily::sm80) << value;
-    EXPECT_EQ(core::static_plan(all_fp8).kernel.family, KernelFamily::sm80) << value;
+    EXPECT_EQ(core::static_plan(all_fp8).kernel.family, KernelFamily::sm90) << value;
   }
   {
-    const ScopedEnv restore("KVFLASH_SM90_FP8", "1");
+    const ScopedEnv restore("KVFLASH_SM90_FP8", "0");
     unsetenv("KVFLASH_SM90_FP8");  // unset (the default), restored at the end of the scope
-    EXPECT_EQ(core::static_plan(all_fp8).kernel.family, KernelFamily::sm80);
+    EXPECT_EQ(core::static_plan(all_fp8).kernel.family, KernelFamily::sm90);
   }
-  const ScopedEnv on("KVFLASH_SM90_FP8", "1");
+  const ScopedEnv off("KVFLASH_SM90_FP8", "0");
   EXPECT_EQ(core::static_plan(mixed).kernel.family, KernelFamily::sm80);
-  EXPECT_EQ(core::static_plan(all_fp8).kernel.family, KernelFamily::sm90);
+  EXPECT_EQ(core::static_plan(all_fp8).kernel.family, KernelFamily::sm80);
 }
 
 // The GPU runner's fp8 step (tests/gpu/run.sh: `random 300 30001 fp8`) keeps the draws over an
@@ -266,7 +266,7 @@ TEST(KernelFamily, Sm90Fp8NeverGetsSmallTiles) {
   EXPECT_EQ(cuda::rows_per_cta(plan), 128);
 }
 
-// The planner, opted in, on all-fp8 prefill keys: the sm90 family's plan (one split, the
+// The planner, switched on, on all-fp8 prefill keys: the sm90 family's plan (one split, the
 // persistent scheduler's semaphore word), the same kernel back from FA3's int32 layout; the calls
 // the fp8 kernel does not take stay on sm80.
 TEST(KernelFamily, Sm90Fp8PlansAllFp8Prefill) {

@@ -199,9 +199,9 @@ TEST(PlanCompatibility, EveryFieldHasACase) {
 }
 
 // Metadata made with qkv_dtype e4m3 (fp8_query: FA3's all-fp8 call) given to a 16-bit query over
-// the same fp8 cache: with KVFLASH_SM90_FP8=1 a prefill the sm90 fp8 kernel takes is planned at its
-// tile for the metadata, at the sm80 kernels' for the call, so the call refuses it naming
-// fp8_query; without the switch both are sm80 plans and it is accepted.
+// the same fp8 cache: where the sm90 fp8 kernel takes a prefill (KVFLASH_SM90_FP8 on, the default)
+// it is planned at its tile for the metadata, at the sm80 kernels' for the call, so the call refuses
+// it naming fp8_query; switched off (0) both are sm80 plans and it is accepted.
 TEST(PlanCompatibility, Fp8QueryRefusedWhereTheSm90Fp8KernelWouldRun) {
   Problem mixed = dense_problem(1, 4096, 4096, kHopper);
   mixed.num_heads = mixed.num_heads_k = 16, mixed.group = 1;
@@ -209,7 +209,10 @@ TEST(PlanCompatibility, Fp8QueryRefusedWhereTheSm90Fp8KernelWouldRun) {
   mixed.fp8_cache = true;  // under a bf16 q
   rekey(mixed);
   const auto fp8_metadata = [](PlanKey& k) { k.fp8_query = true; };
-  expect_same_plan(accept_plan(plan_for_changed_key(mixed, fp8_metadata), mixed), make_plan(mixed));
+  {
+    const testing::ScopedEnv off("KVFLASH_SM90_FP8", "0");
+    expect_same_plan(accept_plan(plan_for_changed_key(mixed, fp8_metadata), mixed), make_plan(mixed));
+  }
   const testing::ScopedEnv on("KVFLASH_SM90_FP8", "1");
   const Plan given = plan_for_changed_key(mixed, fp8_metadata);
   ASSERT_EQ(given.kernel.family, KernelFamily::sm90);

@@ -105,7 +105,7 @@ def test_q_descale_with_16_bit_query_is_refused():
 def test_fp8_metadata_means_the_all_fp8_call():
     """get_scheduler_metadata's one qkv_dtype: float8_e4m3fn plans FA3's all-fp8 call
     (PlanKey.fp8_query), which a 16-bit query over an fp8 cache still takes where the plans agree
-    (the CPU here; on sm_90 with KVFLASH_SM90_FP8=1 a prefill is refused naming fp8_query)."""
+    (the CPU here; on sm_90, where the sm90 fp8 kernel takes a prefill, it is refused naming fp8_query)."""
     kw, *_ = make_call(ml_dtypes.bfloat16, seed=4)
     own = flash_attn_with_kvcache(**kw)
     args = dict(batch_size=B, max_seqlen_q=1, max_seqlen_k=S_K, num_heads_q=H, num_heads_kv=HK,
