@@ -3,13 +3,14 @@
 # resource usage of the kernels, >= 1000 random differential cases against the oracle (the sm90
 # family's draws on its default kernels (small tiles for short prompts), the persistent one and the
 # 128-row tiles alone, 300 MLA ones on the portable kernels, 300 on the sm90_mla kernel, its bench
-# rows, 300 fp8 ones, 300 all-fp8 prefill ones on the sm90 fp8 kernel, opted in),
+# rows, 300 fp8 ones, 300 all-fp8 prefill ones on the sm90 fp8 kernel (and 100 with its matrix
+# transposer, opt-in),
 # compute-sanitizer memcheck, racecheck, initcheck and synccheck over a subset (memcheck also over
 # issue 18's malformed-call table), bitwise determinism and batch invariance, the same cases from
 # several threads on their own streams, the CUDA-graph
 # decode test, timings,
 # issue 3's speed floors measured by `kvflash bench`, issue 15's fp8 prefill against bf16 (sm90
-# fp8 kernel opted in), then a summary table. Logs go to $OUT (or
+# fp8 kernel), then a summary table. Logs go to $OUT (or
 # ./gpu-logs).
 # SKIP="memcheck racecheck" leaves the named steps out (to split the runner over two device calls).
 # With `.prebuilt` carried (scripts/prebuild_gpu.sh, run on the dev machine from this same tree)
@@ -94,10 +95,13 @@ step mlabench mlabench.log bash -c "'$RUNNER' bench mla && KVFLASH_SM90_MLA=0 '$
 # fp8 (issue 15): FA3's all-fp8 calls and 16-bit queries over an fp8 e4m3 cache (MLA's qv / only_qv
 # among them, issue 16), from the plain draw.
 step fp8 fp8.log "$RUNNER" random "${FP8_CASES:-300}" 30001 fp8
-# FA3's all-fp8 prefill on the sm90 family's fp8 kernel (opt-in KVFLASH_SM90_FP8=1, which the
-# subset also sets itself): d = d_v 64 / 128 / 256, >= 64 query rows, one split.
-step sm90fp8 sm90fp8.log env KVFLASH_SM90_FP8=1 KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" \
+# FA3's all-fp8 prefill on the sm90 family's fp8 kernel: d = d_v 64 / 128 / 256, >= 64 query rows,
+# one split; held to the fp8 tensor cores' bound (oracle::gpu_tolerance_profile). Then with the
+# matrix transposer (opt-in KVFLASH_SM90_FP8_LDSM=1, not yet run on a GPU).
+step sm90fp8 sm90fp8.log env KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" \
   "$RUNNER" random "${SM90_FP8_CASES:-300}" 40001 sm90fp8
+step sm90fp8ldsm sm90fp8ldsm.log env KVFLASH_SM90_FP8_LDSM=1 KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" \
+  "$RUNNER" random "${SM90_FP8_LDSM_CASES:-100}" 45001 sm90fp8
 step sm90bench sm90bench.log "$RUNNER" sm90bench
 step graph graph.log "$RUNNER" graph
 step combine combine.log "$RUNNER" combine
@@ -105,7 +109,7 @@ step badinput badinput.log "$RUNNER" badinput
 step bitwise bitwise.log "$RUNNER" bitwise 200
 step streams streams.log "$RUNNER" streams 100
 # Sanitizers: any cases, then the split-KV, prefill-shaped, MLA and fp8 subsets (the decode shape
-# dominates a plain random draw; sm90fp8: all-fp8 prefill on the sm90 fp8 kernel, opted in) and the
+# dominates a plain random draw; sm90fp8: all-fp8 prefill on the sm90 fp8 kernel, and its matrix transposer) and the
 # CUDA-graph test (splits + append), all appended to one log each.
 sanitize() {  # sanitize TOOL CASES FIRST_SEED
   local t="timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool $1 --error-exitcode 9"
@@ -118,7 +122,8 @@ sanitize() {  # sanitize TOOL CASES FIRST_SEED
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 400 ))" mla &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 500 ))" sm90mla &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 600 ))" fp8 &&
-    env KVFLASH_SM90_FP8=1 $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 900 ))" sm90fp8 &&
+    $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 900 ))" sm90fp8 &&
+    env KVFLASH_SM90_FP8_LDSM=1 $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 950 ))" sm90fp8 &&
     $t "$RUNNER" sm90bench small && $t "$RUNNER" graph
 }
 step memcheck memcheck.log sanitize memcheck "$MEMCHECK_CASES" 5001
@@ -148,26 +153,26 @@ floors() {
       --dtype bf16 --heads 16 --kv-heads 16 --page-size 16 --num-splits 1
 }
 step floors floors.log floors
-# Issue 15's fp8 prefill: FA3's all-fp8 call on the sm90 fp8 kernel (opted in) beside bf16 in one
+# Issue 15's fp8 prefill: FA3's all-fp8 call on the sm90 fp8 kernel beside bf16 in one
 # program run each, 16k tokens, 16 heads, dense: d 128 / 64 / 256 non-causal, d 128 causal
 # (targets, d 128 non-causal: >= 1,000 TFLOP/s and >= 1.4x bf16).
 fp8_prefill() {
   local d mask
   for d in 128:--non-causal 64:--non-causal 256:--non-causal 128:; do
     mask=${d#*:}
-    KVFLASH_SM90_FP8=1 "$BUILD/kvflash" bench --device cuda --context none --prefill 16384 --prefill-batch 1 \
+    "$BUILD/kvflash" bench --device cuda --context none --prefill 16384 --prefill-batch 1 \
       --heads 16 --kv-heads 16 --head-dim "${d%%:*}" --page-size 0 --dtype fp8,bf16 $mask || return 1
   done
 }
 step fp8prefill fp8prefill.log fp8_prefill
-# The fp8 tensor cores' accumulation precision (torch, cuBLASLt): the sm90 fp8 kernel's LSEs missed
-# the oracle's fp32 bound by ~(d / 32) x 2^-13 on an H100 (BENCHMARKS.md session 23).
+# The fp8 tensor cores' accumulation precision (torch, cuBLASLt), the basis of the oracle's
+# fp8_tensor_cores bound (src/oracle/compare.cpp; BENCHMARKS.md session 24).
 step fp8acc fp8acc.log python3 bench/fp8_accumulation.py
 
 echo
 echo "=== summary ($(head -1 "$OUT/resources.txt")) ==="
 printf '%-10s %s\n' step result
-for s in build random sm90 sm90persistent sm90bigtiles sm80prefill mla sm90mla mlabench fp8 sm90fp8 sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors fp8prefill fp8acc; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
+for s in build random sm90 sm90persistent sm90bigtiles sm80prefill mla sm90mla mlabench fp8 sm90fp8 sm90fp8ldsm sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors fp8prefill fp8acc; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
 grep -h "^random:" "$OUT/random.log" || true
 grep -h "^random sm90" "$OUT/sm90.log" "$OUT/sm90persistent.log" "$OUT/sm90bigtiles.log" || true
 grep -h "^random prefill" "$OUT/sm80prefill.log" || true
@@ -175,7 +180,7 @@ grep -h "^random mla" "$OUT/mla.log" || true
 grep -h "^random sm90mla" "$OUT/sm90mla.log" || true
 grep -hE "^mla |plan:" "$OUT/mlabench.log" || true
 grep -h "^random fp8" "$OUT/fp8.log" || true
-grep -h "^random sm90fp8" "$OUT/sm90fp8.log" || true
+grep -h "^random sm90fp8" "$OUT/sm90fp8.log" "$OUT/sm90fp8ldsm.log" || true
 grep -h "^sm90bench\|^b[0-9]" "$OUT/sm90bench.log" || true
 grep -h "^random " "$OUT/memcheck.log" "$OUT/racecheck.log" "$OUT/initcheck.log" "$OUT/synccheck.log" || true
 grep -h "^badinput:" "$OUT/badinput.log" "$OUT/memcheck_badinput.log" || true
