@@ -115,11 +115,18 @@ struct RowSoftmax {
       }
     }
     const float exp_scale = scale.exp_scale;
+    // The row's max and sum over kChains interleaved chains, not one: a consumer warp has few
+    // others beside it on its scheduler to hide a chain of kCols dependent instructions.
+    constexpr int kChains = 4;
+    static_assert(kCols % kChains == 0, "whole chains");
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float m = s(r, 0);
+      float chain[kChains];
       CUTLASS_PRAGMA_UNROLL
-      for (int c = 1; c < kCols; ++c) m = fmaxf(m, s(r, c));
+      for (int k = 0; k < kChains; ++k) chain[k] = s(r, k);
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = kChains; c < kCols; ++c) chain[c % kChains] = fmaxf(chain[c % kChains], s(r, c));
+      float m = fmaxf(fmaxf(chain[0], chain[1]), fmaxf(chain[2], chain[3]));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
       const float new_max = fmaxf(row_max[r], m * exp_scale);
@@ -128,13 +135,14 @@ struct RowSoftmax {
       row_max[r] = new_max;
       float p_base = base;
       if constexpr (kMaxOffset != 0) p_base -= float(kMaxOffset);
-      float sum = 0.0f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < kChains; ++k) chain[k] = 0.0f;
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
         s(r, c) = fast_exp2(fmaf(s(r, c), exp_scale, -p_base));
-        sum += s(r, c);
+        chain[c % kChains] += s(r, c);
       }
-      row_sum[r] = row_sum[r] * alpha[r] + sum;
+      row_sum[r] = row_sum[r] * alpha[r] + ((chain[0] + chain[1]) + (chain[2] + chain[3]));
     }
   }
 
