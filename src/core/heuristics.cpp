@@ -176,7 +176,8 @@ FamilyInputs family_inputs(const PlanKey& key) {
   // session 16's H100 run).
   in.sm90_small_tiles = sm90 && env_switch_on("KVFLASH_SM90_SMALL_TILES");
   // FA3's all-fp8 prefill calls go to the sm90 family's fp8 kernel (on since session 24's H100
-  // run: oracle-clean under the fp8 tensor cores' bound, 2x the portable kernels' speed or more);
+  // runs: oracle-clean under the fp8 tensor cores' bound, at the sm90 bf16 kernel's speed, where the
+  // portable kernels convert fp8 to bf16 and run bf16 prefill at about half of it);
   // KVFLASH_SM90_FP8=0 keeps them on the portable kernels.
   in.sm90_fp8 = sm90 && env_switch_on("KVFLASH_SM90_FP8");
   const MaskShape mask = normalise_mask(key);
