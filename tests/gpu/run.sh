@@ -97,7 +97,7 @@ step mlabench mlabench.log bash -c "'$RUNNER' bench mla && KVFLASH_SM90_MLA=0 '$
 step fp8 fp8.log "$RUNNER" random "${FP8_CASES:-300}" 30001 fp8
 # FA3's all-fp8 prefill on the sm90 family's fp8 kernel: d = d_v 64 / 128 / 256, >= 64 query rows,
 # one split; held to the fp8 tensor cores' bound (oracle::gpu_tolerance_profile). Then with the
-# matrix transposer (opt-in KVFLASH_SM90_FP8_LDSM=1, not yet run on a GPU).
+# matrix transposer (opt-in KVFLASH_SM90_FP8_LDSM=1; to be made the default once timed).
 step sm90fp8 sm90fp8.log env KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" \
   "$RUNNER" random "${SM90_FP8_CASES:-300}" 40001 sm90fp8
 step sm90fp8ldsm sm90fp8ldsm.log env KVFLASH_SM90_FP8_LDSM=1 KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" \
