@@ -55,6 +55,22 @@ int bank_ways(const std::vector<uint32_t>& addresses) {
   return most;
 }
 
+// A walk's result: every byte of the V^T stage written once, V^T(c, slot) = V(key of slot, c), the
+// keys from `valid` on zeros.
+template <int N, int D>
+int v_transposed_mismatches(const std::vector<uint8_t>& v, const std::vector<uint8_t>& vt_stage,
+                            const std::vector<int>& writes, int valid) {
+  int bad = 0;
+  for (int n : writes) bad += n != 1;
+  for (int c = 0; c < D; ++c) {
+    for (int slot = 0; slot < N; ++slot) {
+      const int key = key_of_slot(slot);
+      bad += vt_stage[sm90::fp8_tile_offset<D, N>(c, slot)] != (key < valid ? v[key * D + c] : 0);
+    }
+  }
+  return bad;
+}
+
 // transpose_v_stage by hand: V's keys from `valid` on read as zeros.
 template <class T>
 int transposers_write_v_transposed(int valid, int& load_ways, int& store_ways) {
@@ -97,14 +113,7 @@ int transposers_write_v_transposed(int valid, int& load_ways, int& store_ways) {
       }
     }
   }
-  for (int n : writes) bad += n != 1;
-  for (int c = 0; c < D; ++c) {
-    for (int slot = 0; slot < N; ++slot) {
-      const int key = key_of_slot(slot);
-      bad += vt_stage[sm90::fp8_tile_offset<D, N>(c, slot)] != (key < valid ? v[key * D + c] : 0);
-    }
-  }
-  return bad;
+  return bad + v_transposed_mismatches<N, D>(v, vt_stage, writes, valid);
 }
 
 // The matrix transposer by hand: ldmatrix.x4.trans and stmatrix.x4 (PTX ISA: lanes 8m .. 8m + 7
@@ -158,14 +167,7 @@ int matrix_transposers_write_v_transposed(int valid, int& load_ways, int& store_
       }
     }
   }
-  for (int n : writes) bad += n != 1;
-  for (int c = 0; c < D; ++c) {
-    for (int slot = 0; slot < N; ++slot) {
-      const int key = key_of_slot(slot);
-      bad += vt_stage[sm90::fp8_tile_offset<D, N>(c, slot)] != (key < valid ? v[key * D + c] : 0);
-    }
-  }
-  return bad;
+  return bad + v_transposed_mismatches<N, D>(v, vt_stage, writes, valid);
 }
 
 template <class T>
