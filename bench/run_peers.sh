@@ -7,11 +7,13 @@
 #   OUT=/tmp/o bench/run_peers.sh --quick         # arguments go to python -m kvflash.bench
 #   TOTAL=570   seconds for the whole script (the suite gets what the setup leaves; default 570,
 #               240 with --quick)
+#   VARIANTS=1  also time the sm90 family's opt-in variants first (bench/sm90_variants.py, into
+#               variants.txt; its time comes out of the suite's)
 #   PREBUILT=dir  use dir/_kvflash*.so (built for this Python) instead of building; by default
 #               .prebuilt/py's (scripts/prebuild_gpu.sh with PREBUILT_PYTHON) when it was built
 #               from this tree's sources for this Python
 # Files in $OUT (at most 8 come back from a device call): results.csv, results.md, decode.png,
-# prefill.png, bench.log, build.log, env.txt.
+# prefill.png, bench.log, build.log, env.txt (and variants.txt).
 set -u -o pipefail
 T0=$SECONDS
 cd "$(dirname "$0")/.."
@@ -67,6 +69,11 @@ export KVFLASH_COMMIT=${KVFLASH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null
  "$PY" -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
  "$PY" -c "import kvflash; print('kvflash backends', kvflash.build_backends())"
  echo "setup took $((SECONDS - T0)) s; commit $KVFLASH_COMMIT") 2>&1 | tee "$OUT/env.txt"
+
+if [ -n "${VARIANTS:-}" ]; then
+  timeout 150 "$PY" bench/sm90_variants.py >"$OUT/variants.txt" 2>&1 || echo "sm90_variants.py failed (variants.txt)"
+  cat "$OUT/variants.txt"
+fi
 
 # --- the suite ------------------------------------------------------------------------------
 DEFAULT_TOTAL=570
