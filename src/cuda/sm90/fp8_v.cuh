@@ -163,8 +163,9 @@ __device__ __forceinline__ void transpose_v_stage(uint32_t v_stage, uint32_t vt_
 }
 
 // The matrix transposer (opt-in, KVFLASH_SM90_FP8_LDSM=1: correct on an H100, 47 random cases and
-// memcheck in session 24, its speed not yet measured against the word transposer): a warp moves a group of 32 keys (one slice) x 16 channels (one 16-byte chunk) with one
-// ldmatrix.x4.trans and one stmatrix.x4, 512 bytes each, where the word transposer above takes
+// memcheck in session 24, its speed not yet measured against the word transposer): a warp moves a
+// group of 32 keys (one slice) x 16 channels (one 16-byte chunk) with one ldmatrix.x4.trans and one
+// stmatrix.x4, 512 bytes each, where the word transposer above takes
 // 4 x 32-bit loads and stores and their address arithmetic per 512 bytes (session 24's ncu: a
 // quarter of the kernel's instructions, on the consumers' schedulers).
 //  - ldmatrix: lane l gives the row of key 32 slice + l (matrix l / 8, keys 8 m .. 8 m + 7 of the
