@@ -38,11 +38,14 @@ void launch_planned(const AttentionParams& p, int kv_group, cudaStream_t stream)
   launch_prefill<PlannedTraits<Elem, kHeadDim, kHeadDimV, kSmallTiles, kPageKeys>>(p, kv_group, stream);
 }
 
+// fp8 (FA3's all-fp8 call) has rung 3's kernel over every page size the family reads and rung 4's
+// over a dense cache or pages of whole blocks; 16 bits every rung.
 template <class Elem, int kHeadDim, int kHeadDimV>
-void launch_16bit_rung(const AttentionParams& p, int kv_group, int rung, cudaStream_t stream) {
+void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaStream_t stream) {
+  constexpr bool kFp8 = std::is_same_v<Elem, __nv_fp8_e4m3>;
   // Rung 6: two CTAs of one overlapping group per SM over 64 x 64 tiles (head dims <= 128: two
   // fit), over a dense cache or pages of 8 or more keys (core::sm90_small_tiles).
-  if constexpr (kHeadDim <= kSmallTileMaxHeadDim && kHeadDimV <= kSmallTileMaxHeadDim) {
+  if constexpr (!kFp8 && kHeadDim <= kSmallTileMaxHeadDim && kHeadDimV <= kSmallTileMaxHeadDim) {
     if (rung == kSmallTileRung) return launch_planned<Elem, kHeadDim, kHeadDimV, true>(p, kv_group, stream);
   }
   // 128 keys per block up to head dim 128; 64 above (two stages of K and V then fit beside Q).
@@ -52,42 +55,29 @@ void launch_16bit_rung(const AttentionParams& p, int kv_group, int rung, cudaStr
   // a dense cache or pages of whole blocks.
   if constexpr (ladder_dims(kHeadDim, kHeadDimV)) {
     constexpr int d = kHeadDim;
-    if (whole_blocks) {
-      switch (rung) {
-        case 1: return launch_prefill<PrefillTraits<Elem, d, d, 64, kBlockN, 2, 1, false>>(p, kv_group, stream);
-        case 2: return launch_prefill<PrefillTraits<Elem, d, d, 128, kBlockN, 2, 2, false>>(p, kv_group, stream);
-        case 4: return launch_prefill<PrefillTraits<Elem, d, d, 128, kBlockN, 2, 2, true, true>>(p, kv_group, stream);
-        case kPersistentRung:
-          return launch_prefill<PrefillTraits<Elem, d, d, 128, kBlockN, 2, 2, true, false, 0, true>>(p, kv_group,
-                                                                                                     stream);
-        case kWideRung:  // dense caches only (a wide block spans pages); planned nowhere yet
-          if (!p.cache.paged) {
-            return launch_prefill<PrefillTraits<Elem, d, d, 128, wide_block_n(d), 2, 2, true>>(p, kv_group, stream);
-          }
-          break;
-        default: break;
+    if (whole_blocks && rung == kPingPongRung) {
+      return launch_prefill<PrefillTraits<Elem, d, d, 128, kBlockN, 2, 2, true, true>>(p, kv_group, stream);
+    }
+    if constexpr (!kFp8) {
+      if (whole_blocks) {
+        switch (rung) {
+          case 1: return launch_prefill<PrefillTraits<Elem, d, d, 64, kBlockN, 2, 1, false>>(p, kv_group, stream);
+          case 2: return launch_prefill<PrefillTraits<Elem, d, d, 128, kBlockN, 2, 2, false>>(p, kv_group, stream);
+          case kPersistentRung:
+            return launch_prefill<PrefillTraits<Elem, d, d, 128, kBlockN, 2, 2, true, false, 0, true>>(p, kv_group,
+                                                                                                       stream);
+          case kWideRung:  // dense caches only (a wide block spans pages); planned nowhere yet
+            if (!p.cache.paged) {
+              return launch_prefill<PrefillTraits<Elem, d, d, 128, wide_block_n(d), 2, 2, true>>(p, kv_group, stream);
+            }
+            break;
+          default: break;
+        }
       }
     }
   }
   // Rung 3: asked for, over pages smaller than a block, or rung 6 where two CTAs do not fit.
   launch_planned<Elem, kHeadDim, kHeadDimV, false>(p, kv_group, stream);
-}
-
-// fp8 (FA3's all-fp8 call) has rung 3's kernel over every page size the family reads, and rung 4's
-// (ping-pong) over a dense cache or pages of whole blocks.
-template <class Elem, int kHeadDim, int kHeadDimV>
-void launch_fp8_rung(const AttentionParams& p, int kv_group, int rung, cudaStream_t stream) {
-  constexpr int kBlockN = prefill_block_n(kHeadDim, kHeadDimV);
-  if (rung == kPingPongRung && (!p.cache.paged || p.cache.page_size.divisor % kBlockN == 0)) {
-    return launch_prefill<PrefillTraits<Elem, kHeadDim, kHeadDimV, 128, kBlockN, 2, 2, true, true>>(p, kv_group, stream);
-  }
-  launch_planned<Elem, kHeadDim, kHeadDimV, false>(p, kv_group, stream);
-}
-
-template <class Elem, int kHeadDim, int kHeadDimV>
-void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaStream_t stream) {
-  if constexpr (std::is_same_v<Elem, __nv_fp8_e4m3>) launch_fp8_rung<Elem, kHeadDim, kHeadDimV>(p, kv_group, rung, stream);
-  else launch_16bit_rung<Elem, kHeadDim, kHeadDimV>(p, kv_group, rung, stream);
 }
 
 }  // namespace kvflash::cuda::sm90

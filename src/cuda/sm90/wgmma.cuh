@@ -117,8 +117,8 @@ struct RowSoftmax {
     const float exp_scale = scale.exp_scale;
     // The row's max and sum over kChains interleaved chains, not one: a consumer warp has few
     // others beside it on its scheduler to hide a chain of kCols dependent instructions.
-    constexpr int kChains = 4;
-    static_assert(kCols % kChains == 0, "whole chains");
+    constexpr int kChains = 4;  // paired below: (0, 1), (2, 3)
+    static_assert(kChains == 4 && kCols % kChains == 0, "whole chains, four of them");
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float chain[kChains];
