@@ -2,7 +2,8 @@
 
 kvflash reads its switches at each call, so one process can flip them between calls and time every
 variant on the same inputs and the same machine (comparisons across device calls mix machines):
-rung 3 / rung 4 (`KVFLASH_SM90_PINGPONG`), and for FA3's all-fp8 call the word / matrix V^T
+rung 3 / rung 4 (`KVFLASH_SM90_PINGPONG`), at d 64 in 16 bits rung 8 (`KVFLASH_SM90_THREE_GROUPS`:
+three consumer groups over 192-row tiles), and for FA3's all-fp8 call the word / matrix V^T
 transposer (`KVFLASH_SM90_FP8_LDSM`). Rows: 16k x 16k, 16 heads, a dense cache, d 128 (full and
 causal), 64 and 256 (full), bf16 and all-fp8 (unit descales). Median of 10 calls after 2, CUDA
 events, no L2 flush (the 16k rows are compute-bound).
@@ -44,23 +45,35 @@ def prefill_call(dtype, headdim, causal):
     return lambda: flash_attn_with_kvcache(q, k, v, **kw)
 
 
+SWITCHES = {"pp": "KVFLASH_SM90_PINGPONG", "ldsm": "KVFLASH_SM90_FP8_LDSM", "tg": "KVFLASH_SM90_THREE_GROUPS"}
+
+
+def variants(dtype, headdim):
+    """Each variant's switches: the default first."""
+    if dtype == "fp8":
+        return [dict(pp=pp, ldsm=ldsm) for pp in "01" for ldsm in "01"]
+    return [dict(pp="0"), dict(pp="1")] + ([dict(tg="1")] if headdim == 64 else [])
+
+
 def main():
-    print(f"{torch.cuda.get_device_name()}: ms and TFLOP/s per variant (pp: KVFLASH_SM90_PINGPONG, "
-          f"ldsm: KVFLASH_SM90_FP8_LDSM)")
-    for headdim, causal in ((128, False), (128, True), (64, False), (256, False)):
+    print(f"{torch.cuda.get_device_name()}: ms and TFLOP/s per variant ("
+          + ", ".join(f"{k}: {v}" for k, v in SWITCHES.items()) + ")")
+    for headdim, causal in ((128, False), (128, True), (64, False), (64, True), (256, False)):
         flops = 4 * SEQ * SEQ * HEADS * headdim / (2 if causal else 1)
         for dtype in ("bf16", "fp8"):
             fn = prefill_call(dtype, headdim, causal)
             cells = []
-            for pingpong in ("0", "1"):
-                for ldsm in ("0", "1") if dtype == "fp8" else ("0",):
-                    os.environ["KVFLASH_SM90_PINGPONG"], os.environ["KVFLASH_SM90_FP8_LDSM"] = pingpong, ldsm
-                    ms = median_ms(fn)
-                    name = f"pp{pingpong}" + (f" ldsm{ldsm}" if dtype == "fp8" else "")
-                    cells.append(f"{name} {ms:.3f} ms {flops / ms / 1e9:.0f}")
+            for switches in variants(dtype, headdim):
+                for key, name in SWITCHES.items():
+                    os.environ[name] = switches.get(key, "0")
+                ms = median_ms(fn)
+                label = " ".join(f"{k}{v}" for k, v in switches.items())
+                cells.append(f"{label} {ms:.3f} ms {flops / ms / 1e9:.0f}")
             print(f"d {headdim} {'causal' if causal else 'full'} {dtype}: " + " | ".join(cells), flush=True)
             del fn
             torch.cuda.empty_cache()
+    for name in SWITCHES.values():
+        os.environ.pop(name, None)
 
 
 if __name__ == "__main__":

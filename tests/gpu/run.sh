@@ -84,6 +84,10 @@ step sm90persistent sm90persistent.log env KVFLASH_SM90_PERSISTENT=1 KVFLASH_SM9
 # prompts that step sm90 plans on rung 6.
 step sm90bigtiles sm90bigtiles.log env KVFLASH_SM90_SMALL_TILES=0 KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" \
   "$RUNNER" random "${SM90_BIG_TILES_CASES:-300}" 1 sm90
+# The same draws on rung 8 (three consumer groups over 192-row tiles; opt-in
+# KVFLASH_SM90_THREE_GROUPS=1; d 64 only, rung 3 elsewhere).
+step sm90threegroups sm90threegroups.log env KVFLASH_SM90_THREE_GROUPS=1 KVFLASH_SM90_SMALL_TILES=0 \
+  KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random "${SM90_THREE_GROUPS_CASES:-300}" 1 sm90
 step sm80prefill sm80prefill.log env KVFLASH_SM90=0 "$RUNNER" random "${SM80_PREFILL_CASES:-300}" 20001 prefill
 # MLA (d 64 / d_v 512, qv, only_qv, 1 KV head, 16 or 128 query heads; a fifth over an fp8 e4m3
 # latent cache with descales), which a plain draw rarely makes.
@@ -172,7 +176,7 @@ step fp8acc fp8acc.log python3 bench/fp8_accumulation.py
 echo
 echo "=== summary ($(head -1 "$OUT/resources.txt")) ==="
 printf '%-10s %s\n' step result
-for s in build random sm90 sm90persistent sm90bigtiles sm80prefill mla sm90mla mlabench fp8 sm90fp8 sm90fp8ldsm sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors fp8prefill fp8acc; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
+for s in build random sm90 sm90persistent sm90bigtiles sm90threegroups sm80prefill mla sm90mla mlabench fp8 sm90fp8 sm90fp8ldsm sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors fp8prefill fp8acc; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
 grep -h "^random:" "$OUT/random.log" || true
 grep -h "^random sm90" "$OUT/sm90.log" "$OUT/sm90persistent.log" "$OUT/sm90bigtiles.log" || true
 grep -h "^random prefill" "$OUT/sm80prefill.log" || true

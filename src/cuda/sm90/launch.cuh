@@ -18,14 +18,16 @@ namespace kvflash::cuda {
 // runs the persistent rung instead of rung 3 (prefill.h; opt-in: correct on the H200 but slower than
 // rung 3 on six of eight shapes, BENCHMARKS.md session 11; the same 128-row tile as rung 3).
 // KVFLASH_SM90_PINGPONG=1 runs rung 4 (the groups' GEMMs in turns) instead of rung 3 where it is
-// compiled (the ladder's head dims, fp8 included; dense caches or pages of whole blocks).
+// compiled (the ladder's head dims, fp8 included; dense caches or pages of whole blocks);
+// KVFLASH_SM90_THREE_GROUPS=1 rung 8 (three groups over 192-row tiles) where it is (16 bits, d 64).
 template <class Elem, int kHeadDim, int kHeadDimV>
 void launch_sm90_attention(const AttentionParams& p, KernelShape shape, bool /*overlap_previous*/,
                            cudaStream_t stream) {
   const int rung = shape == KernelShape::prefill_small_tiles          ? sm90::kSmallTileRung
                    : core::env_opted_in("KVFLASH_SM90_PERSISTENT") ? sm90::kPersistentRung
                    : core::env_opted_in("KVFLASH_SM90_PINGPONG")   ? sm90::kPingPongRung
-                                                                    : sm90::kBestRung;
+                   : core::env_opted_in("KVFLASH_SM90_THREE_GROUPS") ? sm90::kThreeGroupRung
+                                                                      : sm90::kBestRung;
   sm90::launch_prefill_rung<Elem, kHeadDim, kHeadDimV>(p, p.group, rung, stream);
 }
 

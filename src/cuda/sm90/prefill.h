@@ -27,7 +27,7 @@ constexpr int prefill_block_n(int headdim, int headdim_v) {
 // Rung 3 runs: rung 4 is 2 % faster at d 128 and slower at d 64 / 256 (BENCHMARKS.md, session 5),
 // and compute-sanitizer's racecheck reports epilogue hazards in rung 4 only (a tool that counts
 // the turn barriers' bar.arrive as no barrier would see the groups one barrier apart there).
-constexpr int kRungs = 7;
+constexpr int kRungs = 8;
 constexpr int kBestRung = 3;
 constexpr int kPingPongRung = 4;    // left out of the sanitizers' runs (racecheck, above)
 constexpr int kPersistentRung = 5;
@@ -42,6 +42,11 @@ constexpr bool ladder_dims(int headdim, int headdim_v) {
 // passes per key), over dense caches; timed by sm90bench, not planned.
 constexpr int kWideRung = 7;
 constexpr int wide_block_n(int headdim) { return headdim <= 64 ? 128 : headdim <= 128 ? 176 : 80; }
+// Rung 8: FA3's tile at d 64, three overlapping consumer groups over 192 query rows (160
+// registers each), over a dense cache or pages of whole blocks; opted into by
+// KVFLASH_SM90_THREE_GROUPS=1 (launch.cuh), rung 3 elsewhere.
+constexpr int kThreeGroupRung = 8;
+constexpr int kThreeGroupMaxHeadDim = 64;
 
 // Attention over `p` (one split; rows are query indices of one head, K / V head = query head /
 // kv_group) by rung `rung`'s kernel; a paged cache of pages smaller than a key block (8, 16, ...

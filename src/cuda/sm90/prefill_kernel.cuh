@@ -8,8 +8,9 @@
 //  - kConsumerWGs consumer warp groups (64 rows each) run S = Q K^T as wgmma with both operands in
 //    shared memory, the online softmax in registers, and O += P V as wgmma with P from registers
 //    (the accumulator layout reused as the A fragment) and V^T read through a transposed view.
-//  - With two consumer groups the producer gives its registers to them (setmaxnreg 24 / 240); so
-//    does it with one group when two CTAs share an SM (kCtasPerSm, 24 / 232).
+//  - With two consumer groups the producer gives its registers to them (setmaxnreg 24 / 240), with
+//    three (192 rows, FA3's tile at d 64) 24 / 160; so does it with one group when two CTAs share
+//    an SM (kCtasPerSm, 24 / 232).
 //  - kOverlap: within a group, the S GEMM of block j+1 and the P V GEMM of block j are issued
 //    together and the softmax of block j+1 runs while the tensor cores work (FA3's intra-warpgroup
 //    overlap).
@@ -84,14 +85,16 @@ struct PrefillTraits {
   // CTA of one consumer group does not reallocate: 256 threads already get 255 each.
   static_assert(!kFp8 || (kConsumerWGs_ == 2 && kOverlap_ && !kPersistent_ && kHeadDim_ == kHeadDimV_),
                 "fp8: rung 3's or rung 4's kernel at d == d_v");
-  static constexpr bool kReallocate = kConsumerWGs == 2 || kCtasPerSm == 2;
+  static constexpr bool kReallocate = kConsumerWGs >= 2 || kCtasPerSm == 2;
   // The transposers (fp8) keep more than the TMA lane needs: their lane's address constants, a
   // unit's words and addresses, two pipelines' states (40 spilled them); fp8's consumers need
   // fewer than 16 bits' (P in half the registers).
   static constexpr int kProducerRegs = kFp8 ? 56 : 24;
   static constexpr int kLaunchRegs = 65536 / (kThreads * kCtasPerSm) / 8 * 8;
   static constexpr int kConsumerRegs = (kLaunchRegs * kThreads - 128 * kProducerRegs) / kConsumerThreads / 8 * 8;
-  static_assert(!kReallocate || kConsumerRegs >= (kFp8 ? 224 : 232), "the consumers' registers");
+  // Three groups (FA3's 192-row tile at d 64) share the file at 160 each, as FA3's do.
+  static_assert(!kReallocate || kConsumerRegs >= (kConsumerWGs == 3 ? 160 : kFp8 ? 224 : 232),
+                "the consumers' registers");
   static_assert(kBlockM == 64 * kConsumerWGs || (kConsumerWGs == 1 && kBlockM == 128), "64 rows per atom");
   // Keys of one TMA copy of K or V (a unit): a whole block (dense caches, pages of whole blocks),
   // or one page of kPageKeys < kBlockN keys, kUnits of them per block.
@@ -230,10 +233,10 @@ __device__ __forceinline__ int2 kv_unit_origin(const AttentionParams& p, const S
 }
 
 // Named barriers (ids past CUTLASS's reserved ones): the consumers' epilogue, each group's V
-// tail, the two groups' GEMM turns (ping-pong), and (persistent) the Q tile free again: the
-// consumers arrive once their stores of a tile's O have read it, the producer waits before the
-// next Q.
-enum Barrier : uint32_t { kEpilogue = 1, kVTail0 = 2, kTurn0 = 4, kQFree = 6 };
+// tail (up to three groups), the two groups' GEMM turns (ping-pong), and (persistent) the Q tile
+// free again: the consumers arrive once their stores of a tile's O have read it, the producer
+// waits before the next Q.
+enum Barrier : uint32_t { kEpilogue = 1, kVTail0 = 2, kTurn0 = 5, kQFree = 7 };
 
 template <class T>
 __device__ __forceinline__ void wait_q_free() {

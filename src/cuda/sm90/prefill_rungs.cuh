@@ -58,6 +58,11 @@ void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaS
     if (whole_blocks && rung == kPingPongRung) {
       return launch_prefill<PrefillTraits<Elem, d, d, 128, kBlockN, 2, 2, true, true>>(p, kv_group, stream);
     }
+    if constexpr (!kFp8 && d <= kThreeGroupMaxHeadDim) {
+      if (whole_blocks && rung == kThreeGroupRung) {
+        return launch_prefill<PrefillTraits<Elem, d, d, 192, kBlockN, 2, 3, true>>(p, kv_group, stream);
+      }
+    }
     if constexpr (!kFp8) {
       if (whole_blocks) {
         switch (rung) {
