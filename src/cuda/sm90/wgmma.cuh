@@ -166,17 +166,11 @@ struct RowSoftmax {
   }
 };
 
-// Each accumulator row r of a thread times alpha[r]. Skipped where no row of the warp changed its
-// max (every alpha exactly 1 = exp2(0)): after the first blocks most rows keep theirs, and the
-// multiplies are about an eighth of a block's softmax work at d 128.
+// Each accumulator row r of a thread times alpha[r].
 template <class TO, int kRows>
 __device__ __forceinline__ void rescale_rows(TO& tOrO, const float (&alpha)[kRows]) {
   Tensor o = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));
   static_assert(decltype(size<0>(o))::value == kRows);
-  bool unchanged = true;
-  CUTLASS_PRAGMA_UNROLL
-  for (int r = 0; r < kRows; ++r) unchanged &= alpha[r] == 1.0f;
-  if (__all_sync(0xffffffffu, unchanged)) return;
   CUTLASS_PRAGMA_UNROLL
   for (int r = 0; r < kRows; ++r) {
     CUTLASS_PRAGMA_UNROLL
