@@ -23,6 +23,7 @@ enum class KernelShape : int8_t {
   prefill,    // prefill kernel, the plan's block_m packed rows per CTA
   mla_decode, // the sm90_mla kernel, the plan's block_m (64) packed rows per CTA
   prefill_small_tiles,  // the sm90 prefill kernel over 64 x 64 tiles, two CTAs per SM (short prompts)
+  prefill_three_groups,  // the sm90 prefill kernel over 192 x 128 tiles, three consumer groups (d <= 64)
 };
 
 struct KernelChoice {

@@ -38,6 +38,8 @@ struct FamilyInputs {
   // The sm90 family's small tiles for short prompts (sm90_small_tiles()): on unless
   // KVFLASH_SM90_SMALL_TILES=0 (family_inputs()).
   bool sm90_small_tiles = false;
+  // Its 192-row tiles at d 64 (sm90_three_groups()): on unless KVFLASH_SM90_THREE_GROUPS=0.
+  bool sm90_three_groups = false;
   // FA3's all-fp8 call: the query itself is e4m3 (a 16-bit query over an fp8 cache is not).
   bool fp8_query = false;
   // The sm90 family's fp8 prefill kernel for the all-fp8 call: on unless KVFLASH_SM90_FP8=0
@@ -114,6 +116,19 @@ KVFLASH_HD constexpr bool sm90_small_tiles(const FamilyInputs& in) {
          in.middle_row_keys <= kSm90SmallTileMaxKeys;
 }
 
+// FA3's tile at head dim 64: 192 query rows x 128 keys, three consumer groups (160 registers each).
+// At d 64 a block's exp2s take the multiprocessor's special-function units as long as its GEMMs
+// take the tensor cores, so a third group's softmax keeps them busy (session 25, H100: see
+// BENCHMARKS.md). 16-bit calls, over a dense cache or pages of whole 128-key blocks; short prompts
+// keep the small tiles. On unless KVFLASH_SM90_THREE_GROUPS=0 (family_inputs()).
+constexpr int kSm90ThreeGroupRows = 192;
+constexpr int kSm90ThreeGroupMaxHeadDim = 64;
+KVFLASH_HD constexpr bool sm90_three_groups(const FamilyInputs& in) {
+  const int widest = round_up_headdim(in.headdim > in.headdim_v ? in.headdim : in.headdim_v);
+  return in.sm90_three_groups && in.sixteen_bit && widest <= kSm90ThreeGroupMaxHeadDim &&
+         (in.page_size == 0 || in.page_size % sm90_block_n(widest) == 0) && !sm90_small_tiles(in);
+}
+
 // Tile t of the sm90 family's persistent kernel (src/cuda/sm90/prefill_kernel.cuh), over m_blocks
 // query blocks x heads x sequences: the query block first, last to first (under a causal mask the
 // longest blocks start first), then the head, then the sequence (its grid column).
@@ -156,6 +171,9 @@ KVFLASH_HD constexpr TileSize family_tile(KernelFamily family, const TileInputs&
                                           KernelShape shape = KernelShape::prefill) {
   if (family == KernelFamily::sm90 && shape == KernelShape::prefill_small_tiles) {
     return {kSm90SmallTile, kSm90SmallTile};
+  }
+  if (family == KernelFamily::sm90 && shape == KernelShape::prefill_three_groups) {
+    return {kSm90ThreeGroupRows, sm90_block_n(kSm90ThreeGroupMaxHeadDim)};
   }
   if (family == KernelFamily::sm90) {
     const int d = round_up_headdim(in.headdim), dv = round_up_headdim_v(in.headdim_v);
@@ -214,6 +232,7 @@ KVFLASH_HD constexpr KernelChoice family_kernel(KernelFamily family, const Famil
   const KernelShape shape = family == KernelFamily::sm80       ? sm80_shape(in.packed_rows, dims)
                            : family == KernelFamily::sm90_mla ? KernelShape::mla_decode
                            : sm90_small_tiles(in)             ? KernelShape::prefill_small_tiles
+                           : sm90_three_groups(in)            ? KernelShape::prefill_three_groups
                                                               : KernelShape::prefill;
   return KernelChoice{family, shape, dims.headdim, dims.headdim_v};
 }

@@ -205,6 +205,7 @@ const char* shape_name(KernelShape shape) {
     case KernelShape::prefill: return "prefill";
     case KernelShape::mla_decode: return "mla_decode";
     case KernelShape::prefill_small_tiles: return "prefill_small_tiles";
+    case KernelShape::prefill_three_groups: return "prefill_three_groups";
   }
   return "?";
 }

@@ -413,6 +413,50 @@ TEST(KernelFamily, Sm90NeedsOneSplit) {
   EXPECT_EQ(core::static_plan(short_q).kernel.family, KernelFamily::sm80);
 }
 
+// The sm90 three-group kernel's row: 16-bit calls at head dims up to 64 over a dense cache or pages
+// of whole 128-key blocks, prompts too long for the small tiles; its tile is 192 x 128. On by
+// default in the planner, off by KVFLASH_SM90_THREE_GROUPS=0.
+TEST(KernelFamily, Sm90ThreeGroupsRuleRow) {
+  core::FamilyInputs in{90, true, 64, 64, 4096};
+  in.max_seqlen_q = 4096;
+  in.middle_row_keys = 4096;
+  in.one_split = true;
+  EXPECT_EQ(core::choose_kernel(in).shape, KernelShape::prefill);  // the switch off
+  in.sm90_three_groups = true;
+  const KernelChoice three = core::choose_kernel(in);
+  EXPECT_EQ(three.family, KernelFamily::sm90);
+  EXPECT_EQ(three.shape, KernelShape::prefill_three_groups);
+  const core::TileSize tile = core::family_tile(KernelFamily::sm90, core::TileInputs{64, 64}, three.shape);
+  EXPECT_EQ(tile.block_m, 192);
+  EXPECT_EQ(tile.block_n, 128);
+  auto shape_with = [&](auto change) {
+    core::FamilyInputs c = in;
+    change(c);
+    return core::choose_kernel(c).shape;
+  };
+  EXPECT_EQ(shape_with([](auto& c) { c.headdim = c.headdim_v = 48; }), KernelShape::prefill_three_groups);
+  EXPECT_EQ(shape_with([](auto& c) { c.headdim = c.headdim_v = 96; }), KernelShape::prefill);
+  EXPECT_EQ(shape_with([](auto& c) { c.page_size = 128; }), KernelShape::prefill_three_groups);
+  EXPECT_EQ(shape_with([](auto& c) { c.page_size = 256; }), KernelShape::prefill_three_groups);
+  EXPECT_EQ(shape_with([](auto& c) { c.page_size = 64; }), KernelShape::prefill);  // pages of half a block
+  EXPECT_EQ(shape_with([](auto& c) { c.sixteen_bit = false; }), KernelShape::prefill);
+  // A short prompt keeps the small tiles.
+  EXPECT_EQ(shape_with([](auto& c) { c.sm90_small_tiles = true, c.max_seqlen_q = 512, c.middle_row_keys = 512; }),
+            KernelShape::prefill_small_tiles);
+  // The planner (switch unset: on): the Plan carries the 192-row tile.
+  PlanKey raw = prefill_key();
+  raw.headdim = raw.headdim_v = 64;
+  raw.batch = 4, raw.max_seqlen_q = raw.max_seqlen_k = 4096;
+  const PlanKey key = core::canonical_key(raw, core::DeviceInfo{132, 90});
+  const Plan plan = core::static_plan(key);
+  EXPECT_EQ(plan.kernel.shape, KernelShape::prefill_three_groups);
+  EXPECT_EQ(plan.block_m, 192);
+  EXPECT_EQ(plan.block_n, 128);
+  EXPECT_EQ(cuda::rows_per_cta(plan), 192);
+  const ScopedEnv off("KVFLASH_SM90_THREE_GROUPS", "0");
+  EXPECT_EQ(core::static_plan(key).kernel.shape, KernelShape::prefill);
+}
+
 // The sm90 small-tile kernel's row: short key loops (the middle query row sees <= 512 keys) of
 // prompts up to 1,024 tokens, head dims up to 128, any cache layout the family reads (pages of 8-64
 // keys too: one copy per page); its tile is 64 x 64. On by default in the planner, off by KVFLASH_SM90_SMALL_TILES=0.

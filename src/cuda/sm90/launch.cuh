@@ -23,11 +23,11 @@ namespace kvflash::cuda {
 template <class Elem, int kHeadDim, int kHeadDimV>
 void launch_sm90_attention(const AttentionParams& p, KernelShape shape, bool /*overlap_previous*/,
                            cudaStream_t stream) {
-  const int rung = shape == KernelShape::prefill_small_tiles          ? sm90::kSmallTileRung
+  const int rung = shape == KernelShape::prefill_small_tiles     ? sm90::kSmallTileRung
+                   : shape == KernelShape::prefill_three_groups  ? sm90::kThreeGroupRung
                    : core::env_opted_in("KVFLASH_SM90_PERSISTENT") ? sm90::kPersistentRung
                    : core::env_opted_in("KVFLASH_SM90_PINGPONG")   ? sm90::kPingPongRung
-                   : core::env_opted_in("KVFLASH_SM90_THREE_GROUPS") ? sm90::kThreeGroupRung
-                                                                      : sm90::kBestRung;
+                                                                    : sm90::kBestRung;
   sm90::launch_prefill_rung<Elem, kHeadDim, kHeadDimV>(p, p.group, rung, stream);
 }
 
