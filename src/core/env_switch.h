@@ -1,8 +1,8 @@
 // kvflash's switches in the environment, read at each use, so a user or a test may flip one
-// between calls. Off switches (KVFLASH_SM90, _SM90_SMALL_PAGES, _SM90_MLA, _SM90_FP8: a kernel
-// family's calls back to the portable kernels, to compare with or to fall back to) are on unless
-// set to "0"; opt-in ones (KVFLASH_SM90_PERSISTENT, _SM90_PINGPONG, _SM90_FP8_LDSM, _SM90_THREE_GROUPS: kernels
-// correct on the GPU but not shown faster than the default) are off unless "1".
+// between calls. Off switches (KVFLASH_SM90, _SM90_SMALL_PAGES, _SM90_MLA, _SM90_FP8, _SM90_SMALL_TILES,
+// _SM90_THREE_GROUPS: a kernel family or shape back to the one before it, to compare with or to
+// fall back to) are on unless set to "0"; opt-in ones (KVFLASH_SM90_PERSISTENT, _SM90_PINGPONG:
+// kernels correct on the GPU but not shown faster than the default) are off unless "1".
 #pragma once
 
 #include <cstdlib>

@@ -2,10 +2,10 @@
 // CuTe's own layouts (host code too), so a build without a GPU sees them break. For each planned
 // fp8 tile (d 64, 128, 256):
 //  - fp8_tile_offset is CuTe's V and V^T shared-memory layouts at every element of every stage;
-//  - the transposers' walk, run by hand over a V stage of random bytes (the units of all 96
-//    threads at Fp8TransposeAddresses' offsets, which equal fp8_tile_offset at the unit's keys and
-//    channels, their prmt byte transpose, the keys past the sequence's end as zeros), writes every
-//    byte of the V^T stage once, and V^T(c, slot) is V(key of slot, c);
+//  - the transposers' walk, run by hand over a V stage of random bytes (the groups of all 3 warps:
+//    ldmatrix rows at fp8_tile_offset of their keys, the prmt selectors, the stmatrix rows, the
+//    keys past the sequence's end as zeros), writes every byte of the V^T stage once, and
+//    V^T(c, slot) is V(key of slot, c);
 //  - P's A operand: for every consumer thread, A value a (CuTe's partition of the P V GEMM's A)
 //    is the thread's accumulator value fp8_p_source(a) (CuTe's partition of the S GEMM's C): the
 //    same row, and the key its slot holds; and fp8_p_layout has the A fragment's shape.
@@ -44,10 +44,6 @@ int tile_offsets_are_cute() {
   return bad;
 }
 
-uint32_t load_word(const std::vector<uint8_t>& s, uint32_t at) {
-  return s[at] | uint32_t(s[at + 1]) << 8 | uint32_t(s[at + 2]) << 16 | uint32_t(s[at + 3]) << 24;
-}
-
 // Most lanes of one access (32 lanes' 4-byte words) on one of the 32 banks.
 int bank_ways(const std::vector<uint32_t>& addresses) {
   int lanes_on[32] = {}, most = 0;
@@ -71,57 +67,12 @@ int v_transposed_mismatches(const std::vector<uint8_t>& v, const std::vector<uin
   return bad;
 }
 
-// transpose_v_stage by hand: V's keys from `valid` on read as zeros.
-template <class T>
-int transposers_write_v_transposed(int valid, int& load_ways, int& store_ways) {
-  constexpr int N = T::kBlockN, D = T::kHeadDimV, kSlices = N / 32, kUnits = kSlices * (D / 16);
-  std::mt19937 rng(uint32_t(D * 1000 + valid));
-  std::vector<uint8_t> v(N * D), v_stage(N * D), vt_stage(N * D, 0);
-  std::vector<int> writes(N * D, 0);
-  for (int key = 0; key < N; ++key) {
-    for (int c = 0; c < D; ++c) v_stage[sm90::fp8_tile_offset<N, D>(key, c)] = v[key * D + c] = uint8_t(rng());
-  }
-  load_ways = store_ways = 0;
-  int bad = 0;
-  for (int warp = 0; warp < sm90::kTransposeThreads / 32; ++warp) {
-    for (int it = warp; it < kUnits; it += sm90::kTransposeThreads / 32) {
-      std::vector<uint32_t> loads[4], stores[4];
-      for (uint32_t lane = 0; lane < 32; ++lane) {
-        const sm90::Fp8TransposeUnit unit(it, lane, kSlices);
-        const sm90::Fp8TransposeAddresses<N, D> addr(lane);
-        uint32_t load_at[4], store_at[4], w[4], o[4];
-        addr.loads(unit.slice, unit.group, load_at);
-        addr.stores(unit.slice, unit.group, store_at);
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t at = load_at[j];
-          bad += at != sm90::fp8_tile_offset<N, D>(unit.key(j), unit.c0);
-          loads[j].push_back(at);
-          w[j] = int(unit.key(j)) < valid ? load_word(v_stage, at) : 0u;
-        }
-        sm90::transpose_4x4_bytes(w, o);
-        for (int i = 0; i < 4; ++i) {
-          const uint32_t at = store_at[i];
-          bad += at != sm90::fp8_tile_offset<D, N>(unit.store_channel(i), unit.slot0);
-          const uint32_t word = unit.flip ? o[i ^ 2] : o[i];
-          stores[i].push_back(at);
-          for (int b = 0; b < 4; ++b) vt_stage[at + b] = uint8_t(word >> (8 * b)), ++writes[at + b];
-        }
-      }
-      for (int j = 0; j < 4; ++j) {
-        load_ways = std::max(load_ways, bank_ways(loads[j]));
-        store_ways = std::max(store_ways, bank_ways(stores[j]));
-      }
-    }
-  }
-  return bad + v_transposed_mismatches<N, D>(v, vt_stage, writes, valid);
-}
-
-// The matrix transposer by hand: ldmatrix.x4.trans and stmatrix.x4 (PTX ISA: lanes 8m .. 8m + 7
+// transpose_v_stage by hand: ldmatrix.x4.trans and stmatrix.x4 (PTX ISA: lanes 8m .. 8m + 7
 // give the row addresses of matrix m; thread t holds, of matrix m, the 16-bit elements (row t / 4,
 // columns 2 (t % 4), + 1), which .trans takes from the matrix's transpose: (rows 2 (t % 4), + 1,
-// column t / 4)) over the same V stage, every group of every warp.
+// column t / 4)) over a V stage of random bytes, every group of every warp.
 template <class T>
-int matrix_transposers_write_v_transposed(int valid, int& load_ways, int& store_ways) {
+int transposers_write_v_transposed(int valid, int& load_ways, int& store_ways) {
   constexpr int N = T::kBlockN, D = T::kHeadDimV;
   using Walk = sm90::Fp8MatrixTranspose<N, D>;
   std::mt19937 rng(uint32_t(D * 1000 + valid));
@@ -196,17 +147,12 @@ int check() {
   using T = Traits<kHeadDim>;
   const int offsets = tile_offsets_are_cute<T>();
   int load_ways = 0, store_ways = 0, walk = 0;
-  int matrix_load_ways = 0, matrix_store_ways = 0, matrix_walk = 0;
-  for (int valid : {T::kBlockN, T::kBlockN - 5, 1, 0}) {
-    walk += transposers_write_v_transposed<T>(valid, load_ways, store_ways);
-    matrix_walk += matrix_transposers_write_v_transposed<T>(valid, matrix_load_ways, matrix_store_ways);
-  }
+  for (int valid : {T::kBlockN, T::kBlockN - 5, 1, 0}) walk += transposers_write_v_transposed<T>(valid, load_ways, store_ways);
   const int p = p_is_the_a_operand<T>();
-  std::printf("sm90 fp8 d %d (block %d x %d): %d tile offset, %d transposer, %d matrix transposer, %d P operand "
-              "mismatches; bank ways load %d, store %d (matrix transposer: %d, %d); %d bytes of shared memory\n",
-              kHeadDim, T::kBlockM, T::kBlockN, offsets, walk, matrix_walk, p, load_ways, store_ways,
-              matrix_load_ways, matrix_store_ways, T::kSmemBytes);
-  return offsets + walk + matrix_walk + p;
+  std::printf("sm90 fp8 d %d (block %d x %d): %d tile offset, %d transposer, %d P operand mismatches; bank ways "
+              "load %d, store %d; %d bytes of shared memory\n",
+              kHeadDim, T::kBlockM, T::kBlockN, offsets, walk, p, load_ways, store_ways, T::kSmemBytes);
+  return offsets + walk + p;
 }
 
 }  // namespace

@@ -2,9 +2,8 @@
 # The GPU test runner, one call on a GPU machine: build (all instantiations, sm_80 + sm_90a),
 # resource usage of the kernels, >= 1000 random differential cases against the oracle (the sm90
 # family's draws on its default kernels (small tiles for short prompts), the persistent one and the
-# 128-row tiles alone, 300 MLA ones on the portable kernels, 300 on the sm90_mla kernel, its bench
-# rows, 300 fp8 ones, 300 all-fp8 prefill ones on the sm90 fp8 kernel (and 100 with its matrix
-# transposer, opt-in),
+# 128- and 192-row tiles alone, then rung 3's alone, 300 MLA ones on the portable kernels, 300 on
+# the sm90_mla kernel, its bench rows, 300 fp8 ones, 300 all-fp8 prefill ones on the sm90 fp8 kernel,
 # compute-sanitizer memcheck, racecheck, initcheck and synccheck over a subset (memcheck also over
 # issue 18's malformed-call table), bitwise determinism and batch invariance, the same cases from
 # several threads on their own streams, the CUDA-graph
@@ -80,14 +79,14 @@ step sm90 sm90.log env KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$R
 # the small-tile kernel off, or it would take the short prompts).
 step sm90persistent sm90persistent.log env KVFLASH_SM90_PERSISTENT=1 KVFLASH_SM90_SMALL_TILES=0 KVFLASH_RUNNER_TRACE=1 \
   timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random "${SM90_PERSISTENT_CASES:-300}" 1 sm90
-# The same draws with the small-tile kernel off (KVFLASH_SM90_SMALL_TILES=0): rung 3 takes the short
-# prompts that step sm90 plans on rung 6.
+# The same draws with the small-tile kernel off (KVFLASH_SM90_SMALL_TILES=0): rung 3 (rung 8 at
+# d 64) takes the short prompts that step sm90 plans on rung 6.
 step sm90bigtiles sm90bigtiles.log env KVFLASH_SM90_SMALL_TILES=0 KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" \
   "$RUNNER" random "${SM90_BIG_TILES_CASES:-300}" 1 sm90
-# The same draws on rung 8 (three consumer groups over 192-row tiles; opt-in
-# KVFLASH_SM90_THREE_GROUPS=1; d 64 only, rung 3 elsewhere).
-step sm90threegroups sm90threegroups.log env KVFLASH_SM90_THREE_GROUPS=1 KVFLASH_SM90_SMALL_TILES=0 \
-  KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random "${SM90_THREE_GROUPS_CASES:-300}" 1 sm90
+# The same draws with the small tiles off and the three-group tiles too (KVFLASH_SM90_THREE_GROUPS=0):
+# rung 3 alone, at d 64 too (sm90bigtiles above runs rung 8 there).
+step sm90rung3 sm90rung3.log env KVFLASH_SM90_THREE_GROUPS=0 KVFLASH_SM90_SMALL_TILES=0 \
+  KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random "${SM90_RUNG3_CASES:-300}" 1 sm90
 step sm80prefill sm80prefill.log env KVFLASH_SM90=0 "$RUNNER" random "${SM80_PREFILL_CASES:-300}" 20001 prefill
 # MLA (d 64 / d_v 512, qv, only_qv, 1 KV head, 16 or 128 query heads; a fifth over an fp8 e4m3
 # latent cache with descales), which a plain draw rarely makes.
@@ -100,12 +99,9 @@ step mlabench mlabench.log bash -c "'$RUNNER' bench mla && KVFLASH_SM90_MLA=0 '$
 # among them, issue 16), from the plain draw.
 step fp8 fp8.log "$RUNNER" random "${FP8_CASES:-300}" 30001 fp8
 # FA3's all-fp8 prefill on the sm90 family's fp8 kernel: d = d_v 64 / 128 / 256, >= 64 query rows,
-# one split; held to the fp8 tensor cores' bound (oracle::gpu_tolerance_profile). Then with the
-# matrix transposer (opt-in KVFLASH_SM90_FP8_LDSM=1; to be made the default once timed).
+# one split; held to the fp8 tensor cores' bound (oracle::gpu_tolerance_profile).
 step sm90fp8 sm90fp8.log env KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" \
   "$RUNNER" random "${SM90_FP8_CASES:-300}" 40001 sm90fp8
-step sm90fp8ldsm sm90fp8ldsm.log env KVFLASH_SM90_FP8_LDSM=1 KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" \
-  "$RUNNER" random "${SM90_FP8_LDSM_CASES:-100}" 45001 sm90fp8
 step sm90bench sm90bench.log "$RUNNER" sm90bench
 step graph graph.log "$RUNNER" graph
 step combine combine.log "$RUNNER" combine
@@ -113,7 +109,7 @@ step badinput badinput.log "$RUNNER" badinput
 step bitwise bitwise.log "$RUNNER" bitwise 200
 step streams streams.log "$RUNNER" streams 100
 # Sanitizers: any cases, then the split-KV, prefill-shaped, MLA and fp8 subsets (the decode shape
-# dominates a plain random draw; sm90fp8: all-fp8 prefill on the sm90 fp8 kernel, and its matrix transposer) and the
+# dominates a plain random draw; sm90fp8: all-fp8 prefill on the sm90 fp8 kernel) and the
 # CUDA-graph test (splits + append), all appended to one log each.
 sanitize() {  # sanitize TOOL CASES FIRST_SEED
   local t="timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool $1 --error-exitcode 9"
@@ -127,7 +123,6 @@ sanitize() {  # sanitize TOOL CASES FIRST_SEED
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 500 ))" sm90mla &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 600 ))" fp8 &&
     $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 900 ))" sm90fp8 &&
-    env KVFLASH_SM90_FP8_LDSM=1 $t "$RUNNER" random "$(( ($2 + 1) / 2 ))" "$(( $3 + 950 ))" sm90fp8 &&
     $t "$RUNNER" sm90bench small && $t "$RUNNER" graph
 }
 step memcheck memcheck.log sanitize memcheck "$MEMCHECK_CASES" 5001
@@ -176,7 +171,7 @@ step fp8acc fp8acc.log python3 bench/fp8_accumulation.py
 echo
 echo "=== summary ($(head -1 "$OUT/resources.txt")) ==="
 printf '%-10s %s\n' step result
-for s in build random sm90 sm90persistent sm90bigtiles sm90threegroups sm80prefill mla sm90mla mlabench fp8 sm90fp8 sm90fp8ldsm sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors fp8prefill fp8acc; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
+for s in build random sm90 sm90persistent sm90bigtiles sm90rung3 sm80prefill mla sm90mla mlabench fp8 sm90fp8 sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors fp8prefill fp8acc; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
 grep -h "^random:" "$OUT/random.log" || true
 grep -h "^random sm90" "$OUT/sm90.log" "$OUT/sm90persistent.log" "$OUT/sm90bigtiles.log" || true
 grep -h "^random prefill" "$OUT/sm80prefill.log" || true
@@ -184,7 +179,7 @@ grep -h "^random mla" "$OUT/mla.log" || true
 grep -h "^random sm90mla" "$OUT/sm90mla.log" || true
 grep -hE "^mla |plan:" "$OUT/mlabench.log" || true
 grep -h "^random fp8" "$OUT/fp8.log" || true
-grep -h "^random sm90fp8" "$OUT/sm90fp8.log" "$OUT/sm90fp8ldsm.log" || true
+grep -h "^random sm90fp8" "$OUT/sm90fp8.log" || true
 grep -h "^sm90bench\|^b[0-9]" "$OUT/sm90bench.log" || true
 grep -h "^random " "$OUT/memcheck.log" "$OUT/racecheck.log" "$OUT/initcheck.log" "$OUT/synccheck.log" || true
 grep -h "^badinput:" "$OUT/badinput.log" "$OUT/memcheck_badinput.log" || true

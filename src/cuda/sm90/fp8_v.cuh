@@ -30,16 +30,6 @@ constexpr int kFp8MaxOffset = 8;
 // The threads of the producer group that transpose V (warps 1-3; warp 0 issues the TMA copies).
 constexpr int kTransposeThreads = 96;
 
-__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-
 // PTX prmt.b32 (default mode): byte i of the result is byte selector[4i..4i+3] of {b, a} (a's bytes
 // 0-3, b's 4-7). On the host, the same by hand (tests/cuda/sm90_fp8_layouts.cu).
 __host__ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
@@ -53,14 +43,6 @@ __host__ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32
   for (int i = 0; i < 4; ++i) r |= uint32_t(both >> (8 * ((selector >> (4 * i)) & 7)) & 0xff) << (8 * i);
   return r;
 #endif
-}
-
-// The 4 x 4 byte transpose: byte j of o[i] = byte i of w[j].
-__host__ __device__ __forceinline__ void transpose_4x4_bytes(const uint32_t (&w)[4], uint32_t (&o)[4]) {
-  const uint32_t lo01 = prmt(w[0], w[1], 0x5140), lo23 = prmt(w[2], w[3], 0x5140);
-  const uint32_t hi01 = prmt(w[0], w[1], 0x7362), hi23 = prmt(w[2], w[3], 0x7362);
-  o[0] = prmt(lo01, lo23, 0x5410), o[1] = prmt(lo01, lo23, 0x7632);
-  o[2] = prmt(hi01, hi23, 0x5410), o[3] = prmt(hi01, hi23, 0x7632);
 }
 
 // Key of slot `slot` (< 32) of a 32-key slice (the order above).
@@ -82,92 +64,12 @@ __host__ __device__ constexpr uint32_t fp8_tile_offset(uint32_t row, uint32_t co
   return (col / W) * (kRows * W) + row * W + chunk * 16 + col % 16;
 }
 
-// A transposer's unit (iteration `it` of lane `lane`, a tile of kSlices 32-key slices): the 4
-// slots 16h + 4q .. + 3 of one slice and 4 channels c0 .. c0 + 3 of 16-channel group `group`. It
-// loads 4 words (key(j)'s 4 channels each), transposes them, and stores 4 (a channel's 4 slots
-// each): at step i channel store_channel(i) gets o[i ^ flip]. A warp's 32 lanes take the 8 slot
-// groups of one slice times 4 channel groups of 4 (16 channels); the warps walk the (slice, 16
-// channels) pairs. Bank spread (d 128: no conflict; d 64 loads and d 256 stores two-way;
-// tests/cuda/sm90_fp8_layouts.cu): the lanes of h = 1 take the neighbouring 16 channels (group
-// ^ 1), so that their keys, 16 apart and in the same swizzle row, hit other banks; lanes with u &
-// 2 store in the order i ^ 2.
-struct Fp8TransposeUnit {
-  uint32_t slice, group, h, q, c0, slot0, flip;
-  __host__ __device__ constexpr Fp8TransposeUnit(uint32_t it, uint32_t lane, uint32_t slices)
-      : slice(it % slices), group((it / slices) ^ (lane / 16)), h(lane / 16), q((lane / 4) % 4),
-        c0(group * 16 + 4 * (lane % 4)),
-        slot0(32 * (it % slices) + 16 * (lane / 16) + 4 * ((lane / 4) % 4)), flip(lane & 2) {}
-  __host__ __device__ constexpr uint32_t key(int j) const { return 32 * slice + fp8_slot_key(16 * h + 4 * q + j); }
-  __host__ __device__ constexpr uint32_t store_channel(int i) const { return c0 + (uint32_t(i) ^ flip); }
-};
-
-// A lane's unit addresses in a V stage (N keys x D bytes) and its V^T stage (D x N): those of
-// fp8_tile_offset(key(j), c0) and fp8_tile_offset(store_channel(i), slot0), decomposed so that the
-// lane's own parts are computed once and a unit's take a few integer operations. Keys 16h + 2q +
-// {0, 1, 8, 9} share their row in the swizzle atom but for j's parity (key % 8 = 2q + j % 2),
-// and the stored channels 4u + (i ^ flip) theirs (channel % 8 = 4 (u % 2) + (i ^ flip)); XOR
-// with a power of two below a field is that field's bit flipped, so the flip folds into two
-// lane constants.
-template <int N, int D>
-struct Fp8TransposeAddresses {
-  static constexpr uint32_t kW = D % 128 == 0 ? 128 : 64, kChunks = kW / 16;  // V's atom rows
-  static constexpr uint32_t kWt = N % 128 == 0 ? 128 : 64;                    // V^T's
-  static_assert(N <= kWt, "a V^T row is one atom wide");
-  uint32_t load_base, load_swizzle, store_base, store_flip, store_swizzle, half;
-
-  __host__ __device__ constexpr explicit Fp8TransposeAddresses(uint32_t lane)
-      : load_base((16 * (lane / 16) + 2 * ((lane / 4) % 4)) * kW + 4 * (lane % 4)),
-        load_swizzle(kW == 128 ? 2 * ((lane / 4) % 4) : (lane / 4) % 4),
-        store_base(4 * (lane % 4) * kWt + 4 * ((lane / 4) % 4)), store_flip((lane & 2) * kWt),
-        store_swizzle((kWt == 128 ? (4 * (lane % 2)) ^ (lane & 2) : (2 * (lane % 2)) ^ ((lane & 2) / 2)) << 4),
-        half((lane / 16) << 4) {}
-  // The 4 loads' offsets of unit (slice, group): keys +0 / +8 rows with the even swizzle, +1 / +9
-  // with the odd one (W 64: the same; W 128: the last bit flipped).
-  __host__ __device__ constexpr void loads(uint32_t slice, uint32_t group, uint32_t (&at)[4]) const {
-    const uint32_t base = (group / kChunks) * (N * kW) + 32 * slice * kW + load_base;
-    const uint32_t even = ((group % kChunks) ^ load_swizzle) << 4, odd = kW == 128 ? even ^ 16 : even;
-    at[0] = base + even, at[1] = base + kW + odd, at[2] = base + 8 * kW + even, at[3] = base + 9 * kW + odd;
-  }
-  // The 4 stores' offsets of unit (slice, group), in step order: channel row 4u + (i ^ flip), its
-  // chunk (2 slice + h) XOR the row's swizzle.
-  __host__ __device__ constexpr void stores(uint32_t slice, uint32_t group, uint32_t (&at)[4]) const {
-    const uint32_t base = 16 * group * kWt + store_base, chunk = ((2 * slice) << 4 | half) ^ store_swizzle;
-    for (uint32_t i = 0; i < 4; ++i) {
-      at[i] = base + ((i * kWt) ^ store_flip) + (chunk ^ ((kWt == 128 ? i : i / 2) << 4));
-    }
-  }
-};
-
-// One V stage into its V^T stage (shared-memory addresses of the stages). kMasked (the block
-// holding the sequence's end): the keys from `valid` on are written as zeros.
-template <class T, bool kMasked>
-__device__ __forceinline__ void transpose_v_stage(uint32_t v_stage, uint32_t vt_stage, int valid, int warp, int lane,
-                                                  const Fp8TransposeAddresses<T::kBlockN, T::kHeadDimV>& addr) {
-  constexpr int N = T::kBlockN, D = T::kHeadDimV, kSlices = N / 32, kUnits = kSlices * (D / 16);
-  static_assert(D % 32 == 0, "channel chunks in pairs");
-  CUTLASS_PRAGMA_NO_UNROLL
-  for (int it = warp; it < kUnits; it += kTransposeThreads / 32) {
-    const Fp8TransposeUnit unit(it, lane, kSlices);
-    uint32_t load_at[4], store_at[4], w[4], o[4];
-    addr.loads(unit.slice, unit.group, load_at);
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < 4; ++j) {
-      w[j] = lds32(v_stage + load_at[j]);
-      if constexpr (kMasked) w[j] = int(unit.key(j)) < valid ? w[j] : 0u;
-    }
-    transpose_4x4_bytes(w, o);
-    addr.stores(unit.slice, unit.group, store_at);
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < 4; ++i) sts32(vt_stage + store_at[i], unit.flip ? o[i ^ 2] : o[i]);
-  }
-}
-
-// The matrix transposer (opt-in, KVFLASH_SM90_FP8_LDSM=1: correct on an H100, 47 random cases and
-// memcheck in session 24, its speed not yet measured against the word transposer): a warp moves a
-// group of 32 keys (one slice) x 16 channels (one 16-byte chunk) with one ldmatrix.x4.trans and one
-// stmatrix.x4, 512 bytes each, where the word transposer above takes
-// 4 x 32-bit loads and stores and their address arithmetic per 512 bytes (session 24's ncu: a
-// quarter of the kernel's instructions, on the consumers' schedulers).
+// The matrix transposer: a warp moves a group of 32 keys (one slice) x 16 channels (one 16-byte
+// chunk) with one ldmatrix.x4.trans and one stmatrix.x4, 512 bytes each: 25 SASS instructions per
+// 512 bytes. It replaced (session 25) a transposer of 32-bit words, 4 loads, a 4 x 4 byte transpose
+// of 6 prmt and 4 stores per 512 bytes and their address arithmetic (51 instructions: a quarter of
+// the kernel's in session 24's ncu, on the consumers' schedulers); on an H100, 16k x 16k: d 128
+// 658 -> 772 TFLOP/s, d 256 717 -> 899, d 64 462 -> 492 (BENCHMARKS.md, session 25).
 //  - ldmatrix: lane l gives the row of key 32 slice + l (matrix l / 8, keys 8 m .. 8 m + 7 of the
 //    slice) at the group's chunk. Transposed in 16-bit units, thread t (c = t / 4, q = t % 4) gets
 //    from matrix m the channel pair 16 g + 2c, +1 of keys 8m + 2q, 8m + 2q + 1 (bytes: key 2q's
@@ -250,9 +152,10 @@ __host__ __device__ __forceinline__ void fp8_matrix_words(const Fp8MatrixTranspo
   }
 }
 
-// One V stage into its V^T stage by the matrix transposer (see transpose_v_stage).
+// One V stage into its V^T stage (shared-memory addresses of the stages). kMasked (the block
+// holding the sequence's end): the keys from `valid` on are written as zeros.
 template <class T, bool kMasked>
-__device__ __forceinline__ void transpose_v_stage_matrix(uint32_t v_stage, uint32_t vt_stage, int valid, int warp,
+__device__ __forceinline__ void transpose_v_stage(uint32_t v_stage, uint32_t vt_stage, int valid, int warp,
                                                          int lane, const Fp8MatrixTranspose<T::kBlockN, T::kHeadDimV>& t) {
   using Walk = Fp8MatrixTranspose<T::kBlockN, T::kHeadDimV>;
   CUTLASS_PRAGMA_NO_UNROLL
@@ -267,30 +170,22 @@ __device__ __forceinline__ void transpose_v_stage_matrix(uint32_t v_stage, uint3
 // The transposers' loop over a tile's key blocks (last to first, as the producer loads them): wait
 // for V's stage, take the V^T stage once the consumers are done with it, transpose, make the
 // writes visible to wgmma (the async proxy), hand V^T to the consumers and V back to the TMA.
-// kMatrix: the matrix transposer (ldmatrix / stmatrix), else the word one.
-template <class T, bool kMatrix>
+template <class T>
 __device__ __forceinline__ void transpose_v(typename T::SharedStorage& ss, typename T::Pipeline& pipe_v,
                                             typename T::VtPipeline& pipe_vt, int seqlen_k, int n_first, int n_last) {
   const int thread = int(threadIdx.x) - 32, warp = thread / 32, lane = thread % 32;
   const uint32_t v_base = cast_smem_ptr_to_uint(ss.v.data()), vt_base = cast_smem_ptr_to_uint(ss.vt.data());
   cutlass::PipelineState<T::kStages> v_state;  // V's consumer: phase 0
   auto vt_state = cutlass::make_producer_start_state<typename T::VtPipeline>();  // V^T's buffers start empty
-  using Walk = conditional_t<kMatrix, Fp8MatrixTranspose<T::kBlockN, T::kHeadDimV>,
-                             Fp8TransposeAddresses<T::kBlockN, T::kHeadDimV>>;
-  const Walk walk(lane);
+  const Fp8MatrixTranspose<T::kBlockN, T::kHeadDimV> walk(lane);
   for (int n = n_last; n >= n_first; --n) {
     pipe_v.consumer_wait(v_state);
     pipe_vt.producer_acquire(vt_state);
     const uint32_t v = v_base + v_state.index() * uint32_t(T::kBlockN * T::kHeadDimV);
     const uint32_t vt = vt_base + v_state.index() * uint32_t(T::kBlockN * T::kHeadDimV);
     const int valid = seqlen_k - n * T::kBlockN;
-    if constexpr (kMatrix) {
-      if (valid >= T::kBlockN) transpose_v_stage_matrix<T, false>(v, vt, valid, warp, lane, walk);
-      else transpose_v_stage_matrix<T, true>(v, vt, valid, warp, lane, walk);
-    } else {
-      if (valid >= T::kBlockN) transpose_v_stage<T, false>(v, vt, valid, warp, lane, walk);
-      else transpose_v_stage<T, true>(v, vt, valid, warp, lane, walk);
-    }
+    if (valid >= T::kBlockN) transpose_v_stage<T, false>(v, vt, valid, warp, lane, walk);
+    else transpose_v_stage<T, true>(v, vt, valid, warp, lane, walk);
     cutlass::arch::fence_view_async_shared();
     pipe_vt.producer_commit(vt_state);
     pipe_v.consumer_release(v_state);

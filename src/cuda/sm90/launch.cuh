@@ -14,12 +14,12 @@
 namespace kvflash::cuda {
 
 // Not launched to overlap the previous kernel: a prefill grid is many CTAs (see sm80/launch.cuh).
-// The Plan's small-tile shape runs rung 6 (core::sm90_small_tiles). KVFLASH_SM90_PERSISTENT=1
+// The Plan's small-tile shape runs rung 6 (core::sm90_small_tiles), its three-group shape rung 8
+// (core::sm90_three_groups). KVFLASH_SM90_PERSISTENT=1
 // runs the persistent rung instead of rung 3 (prefill.h; opt-in: correct on the H200 but slower than
 // rung 3 on six of eight shapes, BENCHMARKS.md session 11; the same 128-row tile as rung 3).
 // KVFLASH_SM90_PINGPONG=1 runs rung 4 (the groups' GEMMs in turns) instead of rung 3 where it is
-// compiled (the ladder's head dims, fp8 included; dense caches or pages of whole blocks);
-// KVFLASH_SM90_THREE_GROUPS=1 rung 8 (three groups over 192-row tiles) where it is (16 bits, d 64).
+// compiled (the ladder's head dims, fp8 included; dense caches or pages of whole blocks).
 template <class Elem, int kHeadDim, int kHeadDimV>
 void launch_sm90_attention(const AttentionParams& p, KernelShape shape, bool /*overlap_previous*/,
                            cudaStream_t stream) {

@@ -44,7 +44,6 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
-#include "core/env_switch.h"
 #include "core/kernel_family.h"
 #include "cuda/common/cta_work.cuh"
 #include "cuda/common/launch.cuh"
@@ -207,7 +206,6 @@ struct PrefillParams {
   AttentionParams p;
   int kv_group = 1;           // query heads per K / V head
   int m_blocks = 0;           // query blocks per (head, sequence)
-  bool matrix_transpose = false;  // fp8: V^T by ldmatrix / stmatrix (KVFLASH_SM90_FP8_LDSM=1, fp8_v.cuh)
   int num_tiles = 0;          // persistent: m_blocks x heads x sequences
   typename T::GShape q_shape, k_shape, v_shape;
   typename T::TmaQ tma_q;
@@ -577,9 +575,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
       produce<T>(params, ss, pipes.k, pipes.v, state, start, head, row0, n.x, n.y, false);
     } else if constexpr (T::kFp8) {
       if (threadIdx.x >= 32) {
-        const int seqlen_k = start.col.seq.seqlen_k;
-        if (params.matrix_transpose) transpose_v<T, true>(ss, pipes.v, pipes.vt, seqlen_k, n.x, n.y);
-        else transpose_v<T, false>(ss, pipes.v, pipes.vt, seqlen_k, n.x, n.y);
+        transpose_v<T>(ss, pipes.v, pipes.vt, start.col.seq.seqlen_k, n.x, n.y);
       }
     }
   } else {
@@ -672,7 +668,6 @@ void launch_prefill(const AttentionParams& ap, int kv_group, cudaStream_t stream
   params.p = ap;
   params.p.group = 1;  // one query head per CTA: rows are query indices
   params.kv_group = kv_group;
-  params.matrix_transpose = T::kFp8 && core::env_opted_in("KVFLASH_SM90_FP8_LDSM");
   const bool varlen = ap.len.cu_seqlens_q.data != nullptr;
   const int q_rows = varlen ? ap.len.total_q : ap.len.seqlen_q;
   const int q_batches = varlen ? 1 : ap.len.batch;
