@@ -439,21 +439,21 @@ std::vector<int32_t> splits_per_sequence(const Plan& plan, const std::vector<int
 }
 
 // Longest work first, so the persistent scheduler does not end on a long tail. Causal tiles of a
-// sequence shrink with its query length, hence the key n*block_n - m*block_m there. Stable:
-// equal work keeps batch order.
-std::vector<int32_t> work_order(const Plan& plan, const std::vector<int>& m_blocks,
-                                const std::vector<int>& n_per_split) {
-  std::vector<int64_t> work(n_per_split.size());
-  for (size_t b = 0; b < work.size(); ++b) {
-    work[b] = plan.is_causal
-                  ? int64_t{n_per_split[b]} * plan.block_n - int64_t{m_blocks[b]} * plan.block_m
-                  : n_per_split[b];
-  }
-  std::vector<int32_t> order(work.size());
+// sequence shrink with its query length, hence the key n*block_n - m*block_m there. Equal work
+// keeps batch order: the index breaks ties, so std::sort gives stable_sort's order without the
+// scratch buffer stable_sort allocates (this runs on every call).
+void work_order(const Plan& plan, const std::vector<int>& m_blocks, const std::vector<int>& n_per_split,
+                std::vector<int32_t>& order) {
+  const auto work = [&](int32_t b) {
+    return plan.is_causal ? int64_t{n_per_split[b]} * plan.block_n - int64_t{m_blocks[b]} * plan.block_m
+                          : int64_t{n_per_split[b]};
+  };
+  order.resize(n_per_split.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&work](int32_t a, int32_t b) { return work[a] > work[b]; });
-  return order;
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    const int64_t wa = work(a), wb = work(b);
+    return wa != wb ? wa > wb : a < b;
+  });
 }
 
 // How many heads of one sequence to schedule together so their K/V blocks share L2: 16, 8, 4,
@@ -483,23 +483,27 @@ void plan_batches(Plan& plan, const std::vector<SeqLengths>& lengths) {
                 "internal: " + std::to_string(lengths.size()) + " sequence lengths for batch " +
                     std::to_string(plan.key.batch));
   }
-  std::vector<int> m_blocks(lengths.size());
+  // Every call plans: the vectors are sized once and filled in place (allocations were most of
+  // a decode call's planning time).
+  std::vector<int32_t>& m_blocks = plan.num_m_blocks;
+  m_blocks.resize(lengths.size());
   std::vector<int> n_blocks(lengths.size());
   for (size_t b = 0; b < lengths.size(); ++b) {
     m_blocks[b] = num_m_blocks(plan, lengths[b].seqlen_q);
     n_blocks[b] = static_cast<int>(ceil_div(std::max(lengths[b].seqlen_k, 0), plan.block_n));
   }
   plan.num_splits_dynamic = splits_per_sequence(plan, m_blocks, n_blocks);
-  std::vector<int> n_per_split(lengths.size());
+  // n_blocks becomes the key blocks per split of each sequence.
+  std::vector<int>& n_per_split = n_blocks;
   for (size_t b = 0; b < lengths.size(); ++b) {
     n_per_split[b] = static_cast<int>(ceil_div(n_blocks[b], plan.num_splits_dynamic[b]));
   }
-  plan.num_m_blocks.assign(m_blocks.begin(), m_blocks.end());
   plan.batch_order.clear();
-  if (!plan.is_local) plan.batch_order = work_order(plan, m_blocks, n_per_split);
+  if (!plan.is_local) work_order(plan, m_blocks, n_per_split, plan.batch_order);
   plan.num_nheads_in_l2.clear();
   if (plan.is_causal || plan.is_local) {
-    for (int n : n_per_split) plan.num_nheads_in_l2.push_back(heads_in_l2(plan, n));
+    plan.num_nheads_in_l2.resize(lengths.size());
+    for (size_t b = 0; b < lengths.size(); ++b) plan.num_nheads_in_l2[b] = heads_in_l2(plan, n_per_split[b]);
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "core/heuristics.h"
 #include "core/planner.h"
+#include "core/validate.h"
 #include "kvflash/errors.h"
 
 namespace kvflash::core {
@@ -20,14 +21,12 @@ namespace {
 bool lengths_on_host(const Problem& p) { return p.device.type == DeviceType::cpu; }
 
 std::vector<SeqLengths> sequence_lengths(const Problem& p) {
-  std::vector<SeqLengths> lengths(static_cast<size_t>(std::max(p.batch, 0)));
+  std::vector<SeqLengths> lengths(static_cast<size_t>(std::max(p.batch, 0)), SeqLengths{p.seqlen_q, p.seqlen_k});
+  if (!lengths_on_host(p)) return lengths;
+  const HostIndices host = host_indices(p);  // once, not per sequence
   for (int b = 0; b < p.batch; ++b) {
-    if (lengths_on_host(p)) {
-      const SeqInfo s = seq_info(p, b);
-      lengths[b] = {s.seqlen_q, s.seqlen_k};
-    } else {
-      lengths[b] = {p.seqlen_q, p.seqlen_k};
-    }
+    const SeqInfo s = seq_info(p, host, b);
+    lengths[b] = {s.seqlen_q, s.seqlen_k};
   }
   return lengths;
 }

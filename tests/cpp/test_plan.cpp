@@ -327,6 +327,26 @@ TEST(PlanHeuristics, BatchOrderAndHeadsInL2) {
   EXPECT_EQ(plan.num_nheads_in_l2, (std::vector<int32_t>{32, 16, 32}));
 }
 
+// Ties keep batch order in batches long enough that the sort is not an insertion sort (work_order
+// sorts with the index as tie-break instead of a stable sort).
+TEST(PlanHeuristics, BatchOrderKeepsTiesInBatchOrderInLongBatches) {
+  const int batch = 40;
+  PlanKey key = decode_key(batch, 4096);
+  key.max_seqlen_q = 128;
+  key.causal = true;
+  key.num_splits = 1;
+  std::vector<SeqLengths> lengths;
+  std::vector<int32_t> expected_long, expected_short;
+  for (int b = 0; b < batch; ++b) {
+    const bool long_one = b % 3 == 1;
+    lengths.push_back({128, long_one ? 4000 : 1000});
+    (long_one ? expected_long : expected_short).push_back(b);
+  }
+  std::vector<int32_t> expected = expected_long;
+  expected.insert(expected.end(), expected_short.begin(), expected_short.end());
+  EXPECT_EQ(hopper_plan_for(key, lengths).batch_order, expected);
+}
+
 // Five sequences of different lengths (b_r = 8) under one mask kind.
 Plan five_sequence_plan(bool causal, int window_left) {
   PlanKey key = decode_key(5, 8192);
