@@ -120,10 +120,10 @@ void check_output(const TensorView& t, const char* name, const TensorSpec& spec,
   }
 }
 
-// The outputs the backend may write: every given tensor checked; split partials kept only when
-// the plan splits.
-Outputs checked_outputs(const Problem& p, const Outputs& o, int num_splits) {
-  const OutputSpec spec = spec_for(p, num_splits);
+// The outputs the backend may write: every given tensor checked against `spec` (spec_for's, for
+// the plan's splits); split partials kept only when the plan splits.
+Outputs checked_outputs(const Problem& p, const Outputs& o, const OutputSpec& spec) {
+  const int num_splits = spec.num_splits;
   const TensorView& out = o.out;
   core::require_well_formed(out, "out");
   core::require_device(out, "out", p.device);
@@ -269,7 +269,7 @@ size_t PreparedCall::workspace_size() const {
 void PreparedCall::run(const Outputs& outputs, const RunOptions& options) const {
   const Problem& p = state_->problem;
   const Plan& plan = state_->plan;
-  const Outputs checked = checked_outputs(p, outputs, plan.num_splits);
+  const Outputs checked = checked_outputs(p, outputs, state_->spec);  // made once, by the constructor
   // A given workspace, also with one split or the caller's partials: the CUDA backend keeps the
   // per-batch splits and the query copies (rotated, converted or scaled q / qv) there too. Without
   // one nothing is sized here (the backend takes its own scratch): no layout on that hot path.
