@@ -29,8 +29,12 @@ except (ImportError, OSError):  # kvflash works without torch (or with a broken 
 # torch.library.custom_op (torch >= 2.4) makes the calls traceable by torch.compile.
 if torch is not None and hasattr(torch.library, "custom_op"):
     from . import _torch_ops
+    # Looked up once: the decode step's wrapper asks on every call (torch.compile recognises the
+    # function itself, under any name).
+    _torch_is_compiling = torch.compiler.is_compiling
 else:
     _torch_ops = None
+    _torch_is_compiling = None
 
 __all__ = [
     "flash_attn_with_kvcache",
@@ -63,7 +67,7 @@ def _reject_fa4_only(score_mod, aux_tensors):
 
 
 def _is_compiling():
-    return _torch_ops is not None and torch.compiler.is_compiling()
+    return _torch_is_compiling is not None and _torch_is_compiling()
 
 
 # --- scheduler metadata made by get_scheduler_metadata ---------------------------------------
@@ -157,7 +161,7 @@ def flash_attn_with_kvcache(
         _check_ver(ver)
     if score_mod is not None or aux_tensors is not None:
         _reject_fa4_only(score_mod, aux_tensors)
-    compiling = _torch_ops is not None and torch.compiler.is_compiling()
+    compiling = _torch_is_compiling is not None and _torch_is_compiling()
     if scheduler_metadata is not None and not compiling:
         scheduler_metadata = _plan_for(scheduler_metadata)  # before the tuple: no second tuple
     # _call.make's tuple, written out: a call of make would cost a frame per attention call.
