@@ -475,14 +475,25 @@ int32_t heads_in_l2(const Plan& plan, int n_per_split) {
   return std::clamp(heads, 1, std::max(scheduled_heads(plan), 1));
 }
 
-}  // namespace
+// Everything plan_batches reads of a plan: its key and static decisions.
+bool same_static_plan(const Plan& a, const Plan& b) {
+  return a.key == b.key && a.kernel == b.kernel && a.block_m == b.block_m && a.block_n == b.block_n &&
+         a.num_splits == b.num_splits && a.pack_gqa == b.pack_gqa && a.is_causal == b.is_causal &&
+         a.is_local == b.is_local && a.has_semaphore == b.has_semaphore;
+}
 
-void plan_batches(Plan& plan, const std::vector<SeqLengths>& lengths) {
-  if (lengths.size() != static_cast<size_t>(std::max(plan.key.batch, 0))) {
-    throw Error(ErrorKind::invalid_value, "scheduler_metadata",
-                "internal: " + std::to_string(lengths.size()) + " sequence lengths for batch " +
-                    std::to_string(plan.key.batch));
-  }
+// This thread's last plan_batches input and result. Batches beyond kMaxMemoBatch are planned
+// each time: their copy would cost about what planning does, and the memo would hold their
+// vectors.
+constexpr size_t kMaxMemoBatch = 4096;
+struct BatchPlanMemo {
+  Plan plan;  // static decisions and the vectors made for them
+  std::vector<SeqLengths> lengths;
+  bool valid = false;
+};
+thread_local BatchPlanMemo last_batch_plan;
+
+void compute_batches(Plan& plan, const std::vector<SeqLengths>& lengths) {
   // Every call plans: the vectors are sized once and filled in place (allocations were most of
   // a decode call's planning time).
   std::vector<int32_t>& m_blocks = plan.num_m_blocks;
@@ -505,6 +516,30 @@ void plan_batches(Plan& plan, const std::vector<SeqLengths>& lengths) {
     plan.num_nheads_in_l2.resize(lengths.size());
     for (size_t b = 0; b < lengths.size(); ++b) plan.num_nheads_in_l2[b] = heads_in_l2(plan, n_per_split[b]);
   }
+}
+
+}  // namespace
+
+void plan_batches(Plan& plan, const std::vector<SeqLengths>& lengths) {
+  if (lengths.size() != static_cast<size_t>(std::max(plan.key.batch, 0))) {
+    throw Error(ErrorKind::invalid_value, "scheduler_metadata",
+                "internal: " + std::to_string(lengths.size()) + " sequence lengths for batch " +
+                    std::to_string(plan.key.batch));
+  }
+  BatchPlanMemo& memo = last_batch_plan;
+  if (memo.valid && same_static_plan(memo.plan, plan) && memo.lengths == lengths) {
+    plan.num_splits_dynamic = memo.plan.num_splits_dynamic;
+    plan.num_m_blocks = memo.plan.num_m_blocks;
+    plan.batch_order = memo.plan.batch_order;
+    plan.num_nheads_in_l2 = memo.plan.num_nheads_in_l2;
+    return;
+  }
+  compute_batches(plan, lengths);
+  if (lengths.size() > kMaxMemoBatch) return;
+  memo.valid = false;  // stays invalid if a copy below throws
+  memo.plan = plan;
+  memo.lengths = lengths;
+  memo.valid = true;
 }
 
 }  // namespace kvflash::core

@@ -77,10 +77,15 @@ Plan static_plan(const PlanKey& key, KernelFamily family);
 struct SeqLengths {
   int seqlen_q = 0;  // query rows
   int seqlen_k = 0;  // keys attended: cache_seqlens - leftpad + new keys
+
+  bool operator==(const SeqLengths&) const = default;
 };
 
 // Fills plan's per-batch vectors (indexed by batch element) for these lengths, one per batch
-// element of plan.key. See heuristics.cpp for the split rule.
+// element of plan.key. See heuristics.cpp for the split rule. The vectors are a function of the
+// key, the static decisions and the lengths: each thread keeps its last result and serves a copy
+// when all three are equal (a decode step plans one problem per layer; on a GPU, whose lengths
+// are the static bounds, every step too).
 void plan_batches(Plan& plan, const std::vector<SeqLengths>& lengths);
 
 // The per-batch vectors of `plan` have the lengths its key needs and every value in range:
