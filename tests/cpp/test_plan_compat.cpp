@@ -22,11 +22,14 @@ namespace {
 constexpr DeviceInfo kCpu{8, 0};      // 8 hardware threads
 constexpr DeviceInfo kHopper{132, 90};
 // kGpuFamilies: on a GPU, calls are planned by kernel family (core/kernel_family.h). The sm80
-// family's tiles depend on the head dims alone and the sm90 family's tile is fixed, so dtype,
-// page_size, max_seqlen_k_new, varlen_q, has_leftpad, has_softcap and pack_gqa change no static
-// decision of an sm_90 plan any more (they did under FA3's Hopper tile table, which planned
-// arch 90 before the families): a plan made for another value of them is accepted there, and
-// their refused side is the one a decision still shows (num_splits, is_causal, block_m rows).
+// family's tiles depend on the head dims alone and the sm90 family's tile on the head dim and the
+// prompt's length, so dtype, page_size, max_seqlen_k_new, has_leftpad and has_softcap change no
+// static decision of an sm_90 plan any more (they did under FA3's Hopper tile table,
+// which planned arch 90 before the families): a plan made for another value of them is accepted
+// there, and their refused side is the one a decision still shows (num_splits, is_causal,
+// block_m rows). varlen_q and pack_gqa still do where the sm90 tile is 192 rows (d 64): FA3's GQA
+// packing rule packs varlen calls always, fixed-length ones only where packing fills the tile
+// better, which 192 query rows of a head already do.
 
 // The calls of the table. The CPU base: 2 sequences of 4 query rows and 1024 keys, 8 heads over
 // 2 KV heads, d 64: one packed M tile, 8 key blocks, FA3's heuristic picks 4 splits on 8 threads.
@@ -124,7 +127,8 @@ const Case kCases[] = {
     {"max_seqlen_k_new", cpu_call, [](PlanKey& k) { k.max_seqlen_k_new = 1; }, nullptr},
     {"max_seqlen_k_new", hopper_tma_call, [](PlanKey& k) { k.max_seqlen_k_new = 1; }, nullptr},  // no decision changes: see kGpuFamilies
     {"varlen_q", cpu_call, [](PlanKey& k) { k.varlen_q = true; }, nullptr},
-    {"varlen_q", hopper_unpacked_call, [](PlanKey& k) { k.varlen_q = true; }, nullptr},  // no decision changes: see kGpuFamilies
+    {"varlen_q", hopper_unpacked_call, [](PlanKey& k) { k.varlen_q = true; }, "pack_gqa"},  // 192-row tile: see kGpuFamilies
+    {"varlen_q", hopper_tma_call, [](PlanKey& k) { k.varlen_q = true; }, nullptr},  // 128-row tile, packed either way
     {"has_leftpad", cpu_call, [](PlanKey& k) { k.has_leftpad = true; }, nullptr},
     {"has_leftpad", hopper_tma_call, [](PlanKey& k) { k.has_leftpad = true; }, nullptr},  // no decision changes: see kGpuFamilies
     {"causal", cpu_one_row, [](PlanKey& k) { k.causal = true; }, nullptr},
@@ -143,7 +147,8 @@ const Case kCases[] = {
     {"num_splits", cpu_call, [](PlanKey& k) { k.num_splits = 4; }, nullptr},
     {"num_splits", cpu_call, [](PlanKey& k) { k.num_splits = 2; }, "num_splits"},
     {"pack_gqa", cpu_call, [](PlanKey& k) { k.pack_gqa = 0; }, nullptr},
-    {"pack_gqa", hopper_unpacked_call, [](PlanKey& k) { k.pack_gqa = 1; }, nullptr},  // no decision changes: see kGpuFamilies
+    {"pack_gqa", hopper_unpacked_call, [](PlanKey& k) { k.pack_gqa = 1; }, "pack_gqa"},  // 192-row tile: see kGpuFamilies
+    {"pack_gqa", hopper_tma_call, [](PlanKey& k) { k.pack_gqa = 1; }, nullptr},  // 128-row tile, packed either way
     {"sm_margin", cpu_four_splits, [](PlanKey& k) { k.sm_margin = 2; }, nullptr},
     {"sm_margin", cpu_call, [](PlanKey& k) { k.sm_margin = 1; }, "num_splits"},
     {"num_sms", cpu_four_splits, [](PlanKey& k) { k.num_sms = 16; }, nullptr},
@@ -191,8 +196,7 @@ TEST(PlanCompatibility, EveryFieldHasACase) {
     // Fields that feed no static decision of today's families (kGpuFamilies): accepted only;
     // fp8_query refuses only when opted in (Fp8QueryRefusedWhereTheSm90Fp8KernelWouldRun).
     const std::set<std::string> accept_only = {"dtype", "fp8_query", "page_size", "max_seqlen_k_new",
-                                               "varlen_q", "has_leftpad", "has_softcap",
-                                               "pack_gqa", "arch"};
+                                               "has_leftpad", "has_softcap", "arch"};
     EXPECT_TRUE(refused || accept_only.count(field)) << field;
     EXPECT_TRUE(accepted || std::string(field) == "batch") << field;  // must be equal
   }
