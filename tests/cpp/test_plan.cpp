@@ -34,19 +34,6 @@ static_assert(family_tile(KernelFamily::sm90, {128, 128}).block_m == 128 &&
               family_tile(KernelFamily::sm90, {128, 128}).block_n == 128);
 static_assert(family_tile(KernelFamily::sm90, {256, 256}).block_n == 64);
 
-// A decode-shaped key: 32 query heads over 8 KV heads, d = 128, bf16, one query row.
-PlanKey decode_key(int batch, int max_seqlen_k, int arch = 90, int num_sms = 132) {
-  PlanKey key;
-  key.batch = batch;
-  key.max_seqlen_q = 1;
-  key.max_seqlen_k = max_seqlen_k;
-  key.num_heads = 32;
-  key.num_heads_k = 8;
-  key.headdim = 128;
-  key.headdim_v = 128;
-  key.dtype = DType::bf16;
-  return canonical_key(key, DeviceInfo{num_sms, arch});
-}
 
 Plan plan_for(const PlanKey& key, const std::vector<SeqLengths>& lengths) {
   Plan plan = static_plan(key);

@@ -14,18 +14,10 @@
 namespace kvflash::core {
 namespace {
 
-// A decode key (32 / 8 heads, d 128, bf16, one query row, causal) on an sm_80 GPU of 132 SMs:
-// the portable split rule, whose per-sequence splits depend on every length of the batch.
+// A decode key (32 / 8 heads, d 128, bf16, one query row, causal, pages of 16) on an sm_80 GPU of
+// 132 SMs: the portable split rule, whose per-sequence splits depend on every length of the batch.
 PlanKey gpu_decode_key(int batch, int max_seqlen_k) {
-  PlanKey key;
-  key.batch = batch;
-  key.max_seqlen_q = 1;
-  key.max_seqlen_k = max_seqlen_k;
-  key.num_heads = 32;
-  key.num_heads_k = 8;
-  key.headdim = 128;
-  key.headdim_v = 128;
-  key.dtype = DType::bf16;
+  PlanKey key = decode_key(batch, max_seqlen_k, 80);
   key.page_size = 16;
   key.causal = true;
   return canonical_key(key, DeviceInfo{132, 80});

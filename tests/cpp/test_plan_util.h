@@ -68,6 +68,20 @@ inline Problem dense_problem(int batch, int seqlen_q, int seqlen_k, DeviceInfo i
 }
 
 // The key again after a field of p changed, on the device the key was made for.
+// A decode-shaped key: 32 query heads over 8 KV heads, d = 128, bf16, one query row.
+inline PlanKey decode_key(int batch, int max_seqlen_k, int arch = 90, int num_sms = 132) {
+  PlanKey key;
+  key.batch = batch;
+  key.max_seqlen_q = 1;
+  key.max_seqlen_k = max_seqlen_k;
+  key.num_heads = 32;
+  key.num_heads_k = 8;
+  key.headdim = 128;
+  key.headdim_v = 128;
+  key.dtype = DType::bf16;
+  return canonical_key(key, DeviceInfo{num_sms, arch});
+}
+
 inline void rekey(Problem& p) { p.key = plan_key(p, DeviceInfo{p.key.num_sms, p.key.arch}); }
 
 }  // namespace kvflash::core
