@@ -155,8 +155,8 @@ __host__ __device__ __forceinline__ void fp8_matrix_words(const Fp8MatrixTranspo
 // One V stage into its V^T stage (shared-memory addresses of the stages). kMasked (the block
 // holding the sequence's end): the keys from `valid` on are written as zeros.
 template <class T, bool kMasked>
-__device__ __forceinline__ void transpose_v_stage(uint32_t v_stage, uint32_t vt_stage, int valid, int warp,
-                                                         int lane, const Fp8MatrixTranspose<T::kBlockN, T::kHeadDimV>& t) {
+__device__ __forceinline__ void transpose_v_stage(uint32_t v_stage, uint32_t vt_stage, int valid, int warp, int lane,
+                                                  const Fp8MatrixTranspose<T::kBlockN, T::kHeadDimV>& t) {
   using Walk = Fp8MatrixTranspose<T::kBlockN, T::kHeadDimV>;
   CUTLASS_PRAGMA_NO_UNROLL
   for (int group = warp; group < Walk::kGroups; group += kTransposeThreads / 32) {
@@ -201,8 +201,8 @@ __host__ __device__ constexpr auto fp8_p_layout() {
 }
 
 // Four floats as e4m3 bytes (first lowest), to nearest, saturating: two cvt into the halves of one
-// register (two F2FP, the second merging into the first's register), where the cuda_fp8.h pair
-// returns each half zero-extended and costs a LOP3 and a shift more per four values.
+// register (SASS: two F2FP and a PRMT), where the cuda_fp8.h pair returns each half zero-extended
+// and costs LOP3s and shifts more per four values.
 __device__ __forceinline__ uint32_t pack4_e4m3(float a, float b, float c, float d) {
   uint32_t out;
   asm("{\n.reg .b16 lo, hi;\n"
