@@ -414,6 +414,13 @@ TEST(KernelFamily, Sm90NeedsOneSplit) {
   EXPECT_EQ(core::static_plan(short_q).kernel.family, KernelFamily::sm80);
 }
 
+// The shape the family rule gives `in` changed by `change`.
+template <class Change>
+KernelShape shape_with(core::FamilyInputs in, Change change) {
+  change(in);
+  return core::choose_kernel(in).shape;
+}
+
 // The sm90 three-group kernel's row: 16-bit calls at head dims up to 64 over a dense cache or pages
 // of whole 128-key blocks, prompts too long for the small tiles; its tile is 192 x 128. On by
 // default in the planner, off by KVFLASH_SM90_THREE_GROUPS=0.
@@ -430,18 +437,13 @@ TEST(KernelFamily, Sm90ThreeGroupsRuleRow) {
   const core::TileSize tile = core::family_tile(KernelFamily::sm90, core::TileInputs{64, 64}, three.shape);
   EXPECT_EQ(tile.block_m, 192);
   EXPECT_EQ(tile.block_n, 128);
-  auto shape_with = [&](auto change) {
-    core::FamilyInputs c = in;
-    change(c);
-    return core::choose_kernel(c).shape;
-  };
-  EXPECT_EQ(shape_with([](auto& c) { c.headdim = c.headdim_v = 96; }), KernelShape::prefill);
-  EXPECT_EQ(shape_with([](auto& c) { c.page_size = 128; }), KernelShape::prefill_three_groups);
-  EXPECT_EQ(shape_with([](auto& c) { c.page_size = 256; }), KernelShape::prefill_three_groups);
-  EXPECT_EQ(shape_with([](auto& c) { c.page_size = 64; }), KernelShape::prefill);  // pages of half a block
-  EXPECT_EQ(shape_with([](auto& c) { c.sixteen_bit = false; }), KernelShape::prefill);
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.headdim = c.headdim_v = 96; }), KernelShape::prefill);
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.page_size = 128; }), KernelShape::prefill_three_groups);
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.page_size = 256; }), KernelShape::prefill_three_groups);
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.page_size = 64; }), KernelShape::prefill);  // pages of half a block
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.sixteen_bit = false; }), KernelShape::prefill);
   // A short prompt keeps the small tiles.
-  EXPECT_EQ(shape_with([](auto& c) { c.sm90_small_tiles = true, c.max_seqlen_q = 512, c.middle_row_keys = 512; }),
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.sm90_small_tiles = true, c.max_seqlen_q = 512, c.middle_row_keys = 512; }),
             KernelShape::prefill_small_tiles);
   // The planner (switch unset: on): the Plan carries the 192-row tile.
   PlanKey raw = prefill_key();
@@ -473,23 +475,18 @@ TEST(KernelFamily, Sm90SmallTilesRuleRow) {
   const core::TileSize tile = core::family_tile(KernelFamily::sm90, core::TileInputs{128, 128}, small.shape);
   EXPECT_EQ(tile.block_m, 64);
   EXPECT_EQ(tile.block_n, 64);
-  auto shape_with = [&](auto change) {
-    core::FamilyInputs c = in;
-    change(c);
-    return core::choose_kernel(c).shape;
-  };
-  EXPECT_EQ(shape_with([](auto& c) { c.headdim = c.headdim_v = 64; }), KernelShape::prefill_small_tiles);
-  EXPECT_EQ(shape_with([](auto& c) { c.page_size = 64; }), KernelShape::prefill_small_tiles);
-  EXPECT_EQ(shape_with([](auto& c) { c.page_size = 128; }), KernelShape::prefill_small_tiles);
-  EXPECT_EQ(shape_with([](auto& c) { c.max_seqlen_q = 1024; }), KernelShape::prefill_small_tiles);
-  EXPECT_EQ(shape_with([](auto& c) { c.max_seqlen_q = 1025; }), KernelShape::prefill);
-  EXPECT_EQ(shape_with([](auto& c) { c.middle_row_keys = 513; }), KernelShape::prefill);
-  EXPECT_EQ(shape_with([](auto& c) { c.headdim = c.headdim_v = 256; }), KernelShape::prefill);
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.headdim = c.headdim_v = 64; }), KernelShape::prefill_small_tiles);
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.page_size = 64; }), KernelShape::prefill_small_tiles);
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.page_size = 128; }), KernelShape::prefill_small_tiles);
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.max_seqlen_q = 1024; }), KernelShape::prefill_small_tiles);
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.max_seqlen_q = 1025; }), KernelShape::prefill);
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.middle_row_keys = 513; }), KernelShape::prefill);
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.headdim = c.headdim_v = 256; }), KernelShape::prefill);
   for (int page : {8, 16, 32}) {
-    EXPECT_EQ(shape_with([&](auto& c) { c.page_size = page; }), KernelShape::prefill_small_tiles) << page;
+    EXPECT_EQ(shape_with(in, [&](auto& c) { c.page_size = page; }), KernelShape::prefill_small_tiles) << page;
   }
-  EXPECT_EQ(shape_with([](auto& c) { c.headdim = c.headdim_v = 96; }), KernelShape::prefill_small_tiles);
-  EXPECT_EQ(shape_with([](auto& c) { c.headdim = 192, c.headdim_v = 128; }), KernelShape::prefill);
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.headdim = c.headdim_v = 96; }), KernelShape::prefill_small_tiles);
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.headdim = 192, c.headdim_v = 128; }), KernelShape::prefill);
   // The planner (switch unset: on): a short prompt gets the 64 x 64 tile in its Plan.
   const auto plan_of = [](int seqlen_q, int seqlen_k, bool causal, int window_left = -1) {
     PlanKey raw = prefill_key();

@@ -46,7 +46,8 @@ constexpr int wide_block_n(int headdim) { return headdim <= 64 ? 128 : headdim <
 // registers each), over a dense cache or pages of whole blocks; planned there
 // (core::sm90_three_groups; session 25, H100, 16k x 16k: 14 % faster than rung 3 full, 8 % causal).
 constexpr int kThreeGroupRung = 8;
-constexpr int kThreeGroupMaxHeadDim = 64;
+constexpr int kThreeGroupRows = core::kSm90ThreeGroupRows;
+constexpr int kThreeGroupMaxHeadDim = core::kSm90ThreeGroupMaxHeadDim;
 
 // Attention over `p` (one split; rows are query indices of one head, K / V head = query head /
 // kv_group) by rung `rung`'s kernel; a paged cache of pages smaller than a key block (8, 16, ...

@@ -60,7 +60,7 @@ void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaS
     }
     if constexpr (!kFp8 && d <= kThreeGroupMaxHeadDim) {
       if (whole_blocks && rung == kThreeGroupRung) {
-        return launch_prefill<PrefillTraits<Elem, d, d, 192, kBlockN, 2, 3, true>>(p, kv_group, stream);
+        return launch_prefill<PrefillTraits<Elem, d, d, kThreeGroupRows, kBlockN, 2, 3, true>>(p, kv_group, stream);
       }
     }
     if constexpr (!kFp8) {
