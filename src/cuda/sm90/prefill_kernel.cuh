@@ -75,24 +75,28 @@ struct PrefillTraits {
   static_assert(!kPersistent || kHeadDimV % 64 == 0, "the persistent O tile swizzles 8 16-byte chunks per row");
   static constexpr int kConsumerThreads = 128 * kConsumerWGs;
   static constexpr int kThreads = 128 + kConsumerThreads;
-  // CTAs resident per SM (launch bounds): two with one consumer group, so that one CTA's prologue
-  // and epilogue overlap the other's GEMMs (short sequences: many small tiles).
+  // CTAs resident per SM (launch bounds): two or more with one consumer group, so that one CTA's
+  // prologue and epilogue overlap the others' GEMMs (short sequences: many small tiles).
   static constexpr int kCtasPerSm = kCtasPerSm_;
-  static_assert(kCtasPerSm == 1 || (kCtasPerSm == 2 && kConsumerWGs_ == 1 && !kPersistent_), "two CTAs: one group");
+  static_assert(kCtasPerSm == 1 || (kConsumerWGs_ == 1 && !kPersistent_), "several CTAs: one group");
   // Producer / consumer registers per thread after setmaxnreg: the producer keeps 24, the
   // consumers take the rest of the CTA's share of the register file (whole multiples of 8). One
   // CTA of one consumer group does not reallocate: 256 threads already get 255 each.
   static_assert(!kFp8 || (kConsumerWGs_ == 2 && kOverlap_ && !kPersistent_ && kHeadDim_ == kHeadDimV_),
                 "fp8: rung 3's or rung 4's kernel at d == d_v");
-  static constexpr bool kReallocate = kConsumerWGs >= 2 || kCtasPerSm == 2;
+  static constexpr bool kReallocate = kConsumerWGs >= 2 || kCtasPerSm >= 2;
   // The transposers (fp8) keep more than the TMA lane needs: their lane's address constants, a
   // unit's words and addresses, two pipelines' states (40 spilled them); fp8's consumers need
   // fewer than 16 bits' (P in half the registers).
   static constexpr int kProducerRegs = kFp8 ? 56 : 24;
   static constexpr int kLaunchRegs = 65536 / (kThreads * kCtasPerSm) / 8 * 8;
   static constexpr int kConsumerRegs = (kLaunchRegs * kThreads - 128 * kProducerRegs) / kConsumerThreads / 8 * 8;
-  // Three groups (FA3's 192-row tile at d 64) share the file at 160 each, as FA3's do.
-  static_assert(!kReallocate || kConsumerRegs >= (kConsumerWGs == 3 ? 160 : kFp8 ? 224 : 232),
+  // Three groups (FA3's 192-row tile at d 64) share the file at 160 each, as FA3's do; three or
+  // four small-tile CTAs per SM leave their one group 136 or 104 (64 x 64 tiles at d 64).
+  static_assert(!kReallocate || kConsumerRegs >= (kCtasPerSm > 2     ? 104
+                                                  : kConsumerWGs == 3 ? 160
+                                                  : kFp8              ? 224
+                                                                      : 232),
                 "the consumers' registers");
   static_assert(kBlockM == 64 * kConsumerWGs || (kConsumerWGs == 1 && kBlockM == 128), "64 rows per atom");
   // Keys of one TMA copy of K or V (a unit): a whole block (dense caches, pages of whole blocks),
@@ -196,7 +200,7 @@ struct PrefillTraits {
                           cosize_v<SmemLayoutV> % 1024 == 0 && cosize_v<SmemLayoutVt> % 1024 == 0),
                 "fp8: the tiles and the padding lie back to back");
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
-  static_assert(kCtasPerSm == 1 || kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs' shared memory");
+  static_assert(kCtasPerSm == 1 || kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "the CTAs' shared memory");
 };
 
 // Kernel parameters: the portable family's (group 1: one query head per CTA row space) and the TMA

@@ -3,19 +3,20 @@
 
 #include <type_traits>
 
+#include "core/env_switch.h"
 #include "cuda/sm90/prefill.h"
 #include "cuda/sm90/prefill_kernel.cuh"
 
 namespace kvflash::cuda::sm90 {
 
 // The planned kernels, with their K / V copies kPageKeys keys each (0: a block): rung 3 (128 x
-// block_n, two overlapping groups) or, kSmallTiles, rung 6 (64 x 64, one overlapping group, two
-// CTAs per SM).
-template <class Elem, int kHeadDim, int kHeadDimV, bool kSmallTiles, int kPageKeys>
+// block_n, two overlapping groups, kCtas 1) or rung 6 (64 x 64, one overlapping group, kCtas 2 or
+// more CTAs per SM).
+template <class Elem, int kHeadDim, int kHeadDimV, int kCtas, int kPageKeys>
 using PlannedTraits = conditional_t<
-    kSmallTiles,
+    (kCtas > 1),
     PrefillTraits<Elem, kHeadDim, kHeadDimV, core::kSm90SmallTile, core::kSm90SmallTile, 2, 1, true, false, kPageKeys,
-                  false, 2>,
+                  false, kCtas>,
     PrefillTraits<Elem, kHeadDim, kHeadDimV, 128, prefill_block_n(kHeadDim, kHeadDimV), 2, 2, true, false,
                   kPageKeys>>;
 static_assert(kBestRung == 3 && kSmallTileRung == 6, "the planned rungs are compiled for every page size");
@@ -23,19 +24,33 @@ static_assert(kBestRung == 3 && kSmallTileRung == 6, "the planned rungs are comp
 // A planned kernel over a dense cache or pages of whole blocks (one copy per block), else over
 // pages of kPageKeys keys, for each page size the family rule sends here below a block
 // (core::sm90_page_fits: 8, 16, ... block / 2; the last of them ends the search).
-template <class Elem, int kHeadDim, int kHeadDimV, bool kSmallTiles, int kPageKeys = core::kSm90MinPageKeys>
+template <class Elem, int kHeadDim, int kHeadDimV, int kCtas, int kPageKeys = core::kSm90MinPageKeys>
 void launch_planned(const AttentionParams& p, int kv_group, cudaStream_t stream) {
-  using Whole = PlannedTraits<Elem, kHeadDim, kHeadDimV, kSmallTiles, 0>;
+  using Whole = PlannedTraits<Elem, kHeadDim, kHeadDimV, kCtas, 0>;
   if (!p.cache.paged || p.cache.page_size.divisor % Whole::kBlockN == 0) {
     return launch_prefill<Whole>(p, kv_group, stream);
   }
   static_assert(Whole::kBlockN % kPageKeys == 0);
   if constexpr (2 * kPageKeys < Whole::kBlockN) {
     if (p.cache.page_size.divisor != kPageKeys) {
-      return launch_planned<Elem, kHeadDim, kHeadDimV, kSmallTiles, 2 * kPageKeys>(p, kv_group, stream);
+      return launch_planned<Elem, kHeadDim, kHeadDimV, kCtas, 2 * kPageKeys>(p, kv_group, stream);
     }
   }
-  launch_prefill<PlannedTraits<Elem, kHeadDim, kHeadDimV, kSmallTiles, kPageKeys>>(p, kv_group, stream);
+  launch_prefill<PlannedTraits<Elem, kHeadDim, kHeadDimV, kCtas, kPageKeys>>(p, kv_group, stream);
+}
+
+// Rung 6's CTAs per SM: two; at head dims <= 64, where more fit (40 KB of tiles each), three or
+// four when KVFLASH_SM90_SMALL_TILE_CTAS says so (opt-in while measured).
+template <class Elem, int kHeadDim, int kHeadDimV>
+void launch_small_tiles(const AttentionParams& p, int kv_group, cudaStream_t stream) {
+  if constexpr (kHeadDim <= 64 && kHeadDimV <= 64) {
+    switch (core::env_int("KVFLASH_SM90_SMALL_TILE_CTAS", 2)) {
+      case 3: return launch_planned<Elem, kHeadDim, kHeadDimV, 3>(p, kv_group, stream);
+      case 4: return launch_planned<Elem, kHeadDim, kHeadDimV, 4>(p, kv_group, stream);
+      default: break;
+    }
+  }
+  launch_planned<Elem, kHeadDim, kHeadDimV, 2>(p, kv_group, stream);
 }
 
 // fp8 (FA3's all-fp8 call) has rung 3's kernel over every page size the family reads and rung 4's
@@ -46,7 +61,7 @@ void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaS
   // Rung 6: two CTAs of one overlapping group per SM over 64 x 64 tiles (head dims <= 128: two
   // fit), over a dense cache or pages of 8 or more keys (core::sm90_small_tiles).
   if constexpr (!kFp8 && kHeadDim <= kSmallTileMaxHeadDim && kHeadDimV <= kSmallTileMaxHeadDim) {
-    if (rung == kSmallTileRung) return launch_planned<Elem, kHeadDim, kHeadDimV, true>(p, kv_group, stream);
+    if (rung == kSmallTileRung) return launch_small_tiles<Elem, kHeadDim, kHeadDimV>(p, kv_group, stream);
   }
   // 128 keys per block up to head dim 128; 64 above (two stages of K and V then fit beside Q).
   constexpr int kBlockN = prefill_block_n(kHeadDim, kHeadDimV);
@@ -82,7 +97,7 @@ void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaS
     }
   }
   // Rung 3: asked for, over pages smaller than a block, or rung 6 where two CTAs do not fit.
-  launch_planned<Elem, kHeadDim, kHeadDimV, false>(p, kv_group, stream);
+  launch_planned<Elem, kHeadDim, kHeadDimV, 1>(p, kv_group, stream);
 }
 
 }  // namespace kvflash::cuda::sm90
