@@ -5,17 +5,13 @@ variant on the same inputs and the same machine (comparisons across device calls
 rung 3 / rung 4 (`KVFLASH_SM90_PINGPONG`), and at d 64 in 16 bits rung 8 (three consumer groups
 over 192-row tiles, the default there) / rung 3 (`KVFLASH_SM90_THREE_GROUPS=0`). Rows: 16k x 16k,
 16 heads, a dense cache, d 128 (full and
-causal), 64 and 256 (full), bf16 and all-fp8 (unit descales). Then the peers suite's short batched
-prompts at d 64 (32 x 512 and 16 x 1024 tokens, 32 heads, causal), which rung 6 takes, with two,
-three or four of its CTAs per SM (`KVFLASH_SM90_SMALL_TILE_CTAS`). Median of 10 calls after 2,
-CUDA events, no L2 flush (the 16k rows are compute-bound).
+causal), 64 and 256 (full), bf16 and all-fp8 (unit descales). Median of 10 calls after 2, CUDA
+events, no L2 flush (the 16k rows are compute-bound).
 
     PYTHONPATH=<kvflash package> python3 bench/sm90_variants.py     # on an sm_90 GPU, torch CUDA
-    PYTHONPATH=<kvflash package> python3 bench/sm90_variants.py --short   # the short prompts only
 """
 
 import os
-import sys
 
 import torch
 
@@ -38,31 +34,19 @@ def median_ms(fn, iters=10):
     return sorted(times)[len(times) // 2]
 
 
-def prefill_call(dtype, headdim, causal, batch=1, seq=SEQ, heads=HEADS):
+def prefill_call(dtype, headdim, causal):
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(batch, seq, heads, headdim, device="cuda", generator=g, dtype=torch.bfloat16)
-               for _ in range(3))
-    kw = dict(cache_seqlens=torch.full((batch,), seq, dtype=torch.int32, device="cuda"), causal=causal)
+    q, k, v = (torch.randn(1, SEQ, HEADS, headdim, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+    kw = dict(cache_seqlens=torch.full((1,), SEQ, dtype=torch.int32, device="cuda"), causal=causal)
     if dtype == "fp8":
         q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
-        one = torch.ones(batch, heads, device="cuda")
+        one = torch.ones(1, HEADS, device="cuda")
         kw.update(q_descale=one, k_descale=one, v_descale=one)
     return lambda: flash_attn_with_kvcache(q, k, v, **kw)
 
 
-SWITCHES = {"pp": "KVFLASH_SM90_PINGPONG", "tg": "KVFLASH_SM90_THREE_GROUPS", "ct": "KVFLASH_SM90_SMALL_TILE_CTAS"}
-DEFAULTS = {"pp": "0", "tg": "1", "ct": "2"}
-
-
-def time_variants(label, fn, flops, variants_of_row):
-    cells = []
-    for switches in variants_of_row:
-        for key, name in SWITCHES.items():
-            os.environ[name] = switches.get(key, DEFAULTS[key])
-        ms = median_ms(fn)
-        name = " ".join(f"{k}{v}" for k, v in switches.items())
-        cells.append(f"{name} {ms:.3f} ms {flops / ms / 1e9:.0f}")
-    print(f"{label}: " + " | ".join(cells), flush=True)
+SWITCHES = {"pp": "KVFLASH_SM90_PINGPONG", "tg": "KVFLASH_SM90_THREE_GROUPS"}
+DEFAULTS = {"pp": "0", "tg": "1"}
 
 
 def variants(dtype, headdim):
@@ -75,18 +59,20 @@ def variants(dtype, headdim):
 def main():
     print(f"{torch.cuda.get_device_name()}: ms and TFLOP/s per variant ("
           + ", ".join(f"{k}: {v}" for k, v in SWITCHES.items()) + ")")
-    long_rows = [] if "--short" in sys.argv[1:] else [(128, False), (128, True), (64, False), (64, True), (256, False)]
-    for headdim, causal in long_rows:
+    for headdim, causal in ((128, False), (128, True), (64, False), (64, True), (256, False)):
         flops = 4 * SEQ * SEQ * HEADS * headdim / (2 if causal else 1)
         for dtype in ("bf16", "fp8"):
             fn = prefill_call(dtype, headdim, causal)
-            time_variants(f"d {headdim} {'causal' if causal else 'full'} {dtype}", fn, flops, variants(dtype, headdim))
+            cells = []
+            for switches in variants(dtype, headdim):
+                for key, name in SWITCHES.items():
+                    os.environ[name] = switches.get(key, DEFAULTS[key])
+                ms = median_ms(fn)
+                label = " ".join(f"{k}{v}" for k, v in switches.items())
+                cells.append(f"{label} {ms:.3f} ms {flops / ms / 1e9:.0f}")
+            print(f"d {headdim} {'causal' if causal else 'full'} {dtype}: " + " | ".join(cells), flush=True)
             del fn
             torch.cuda.empty_cache()
-    for batch, seq in ((32, 512), (16, 1024)):
-        fn = prefill_call("bf16", 64, True, batch, seq, heads=32)
-        flops = 4 * batch * 32 * 64 * seq * (seq + 1) / 2
-        time_variants(f"b{batch} x {seq} d 64 causal bf16", fn, flops, [dict(ct=c) for c in ("2", "3", "4")])
     for name in SWITCHES.values():
         os.environ.pop(name, None)
 

@@ -2,8 +2,7 @@
 // between calls. Off switches (KVFLASH_SM90, _SM90_SMALL_PAGES, _SM90_MLA, _SM90_FP8, _SM90_SMALL_TILES,
 // _SM90_THREE_GROUPS: a kernel family or shape back to the one before it, to compare with or to
 // fall back to) are on unless set to "0"; opt-in ones (KVFLASH_SM90_PERSISTENT, _SM90_PINGPONG:
-// kernels correct on the GPU but not shown faster than the default) are off unless "1"; numeric
-// ones (KVFLASH_SM90_SMALL_TILE_CTAS) are read with env_int.
+// kernels correct on the GPU but not shown faster than the default) are off unless "1".
 #pragma once
 
 #include <cstdlib>
@@ -19,15 +18,6 @@ inline bool env_switch_on(const char* name) {
 inline bool env_opted_in(const char* name) {
   const char* value = std::getenv(name);
   return value != nullptr && std::strcmp(value, "1") == 0;
-}
-
-// The variable's value as a whole number, or `fallback` when it is unset or not one.
-inline int env_int(const char* name, int fallback) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return fallback;
-  char* end = nullptr;
-  const long parsed = std::strtol(value, &end, 10);
-  return *end == '\0' ? int(parsed) : fallback;
 }
 
 }  // namespace kvflash::core

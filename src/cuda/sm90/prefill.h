@@ -21,8 +21,8 @@ constexpr int prefill_block_n(int headdim, int headdim_v) {
 // registers given to them; 3: 2 + the softmax of one key block overlapping the next GEMMs inside
 // a group; 4: 3 + the groups taking turns at the tensor cores (ping-pong); 5: 3 made persistent
 // (one CTA per SM walks the tiles; session 11 on the H200: correct, slower than 3 on six of eight
-// shapes, up to 20 % at d 256 causal); 6: two CTAs per SM, each one overlapping group over 64 x 64
-// tiles (head dim <= 128; rung 3 above), for short sequences, where rung 3's one CTA per SM
+// shapes, up to 20 % at d 256 causal); 6: two CTAs per SM (three at d <= 64: small_tile_ctas),
+// each one overlapping group over 64 x 64 tiles (head dim <= 128; rung 3 above), for short sequences, where rung 3's one CTA per SM
 // leaves its prologue and epilogue exposed (planned for short key loops: core::sm90_small_tiles).
 // Rung 3 runs: rung 4 is 2 % faster at d 128 and slower at d 64 / 256 (BENCHMARKS.md, session 5),
 // and compute-sanitizer's racecheck reports epilogue hazards in rung 4 only (a tool that counts
@@ -33,6 +33,11 @@ constexpr int kPingPongRung = 4;    // left out of the sanitizers' runs (raceche
 constexpr int kPersistentRung = 5;
 constexpr int kSmallTileRung = 6;  // core::sm90_small_tiles plans it
 constexpr int kSmallTileMaxHeadDim = core::kSm90SmallTileMaxHeadDim;
+// Rung 6's CTAs per SM: two up to head dim 128 (80 KB of tiles each at d 128), three at d <= 64
+// (40 KB each; 136 registers per consumer thread, no spills). Session 26, H100, 32 heads d 64
+// causal: b32 x 512 0.248 -> 0.211 ms, b16 x 1024 0.335 -> 0.283 (four CTAs: 0.209 / 0.282, with
+// 84 bytes of spills at 104 registers).
+constexpr int small_tile_ctas(int headdim, int headdim_v) { return headdim <= 64 && headdim_v <= 64 ? 3 : 2; }
 // The head dims the whole ladder is compiled at (sm90bench times it there); the others (96, 192,
 // 192 / 128) have the planned kernels only: rung 3, its small-page variants and rung 6.
 constexpr bool ladder_dims(int headdim, int headdim_v) {

@@ -9,8 +9,8 @@
 //    shared memory, the online softmax in registers, and O += P V as wgmma with P from registers
 //    (the accumulator layout reused as the A fragment) and V^T read through a transposed view.
 //  - With two consumer groups the producer gives its registers to them (setmaxnreg 24 / 240), with
-//    three (192 rows, FA3's tile at d 64) 24 / 160; so does it with one group when two CTAs share
-//    an SM (kCtasPerSm, 24 / 232).
+//    three (192 rows, FA3's tile at d 64) 24 / 160; so does it with one group when two or three
+//    CTAs share an SM (kCtasPerSm, 24 / 232 or 24 / 136).
 //  - kOverlap: within a group, the S GEMM of block j+1 and the P V GEMM of block j are issued
 //    together and the softmax of block j+1 runs while the tensor cores work (FA3's intra-warpgroup
 //    overlap).
@@ -91,9 +91,9 @@ struct PrefillTraits {
   static constexpr int kProducerRegs = kFp8 ? 56 : 24;
   static constexpr int kLaunchRegs = 65536 / (kThreads * kCtasPerSm) / 8 * 8;
   static constexpr int kConsumerRegs = (kLaunchRegs * kThreads - 128 * kProducerRegs) / kConsumerThreads / 8 * 8;
-  // Three groups (FA3's 192-row tile at d 64) share the file at 160 each, as FA3's do; three or
-  // four small-tile CTAs per SM leave their one group 136 or 104 (64 x 64 tiles at d 64).
-  static_assert(!kReallocate || kConsumerRegs >= (kCtasPerSm > 2     ? 104
+  // Three groups (FA3's 192-row tile at d 64) share the file at 160 each, as FA3's do; three
+  // small-tile CTAs per SM leave their one group 136 (64 x 64 tiles at d 64).
+  static_assert(!kReallocate || kConsumerRegs >= (kCtasPerSm > 2     ? 136
                                                   : kConsumerWGs == 3 ? 160
                                                   : kFp8              ? 224
                                                                       : 232),

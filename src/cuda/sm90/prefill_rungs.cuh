@@ -3,15 +3,14 @@
 
 #include <type_traits>
 
-#include "core/env_switch.h"
 #include "cuda/sm90/prefill.h"
 #include "cuda/sm90/prefill_kernel.cuh"
 
 namespace kvflash::cuda::sm90 {
 
 // The planned kernels, with their K / V copies kPageKeys keys each (0: a block): rung 3 (128 x
-// block_n, two overlapping groups, kCtas 1) or rung 6 (64 x 64, one overlapping group, kCtas 2 or
-// more CTAs per SM).
+// block_n, two overlapping groups, kCtas 1) or rung 6 (64 x 64, one overlapping group,
+// kCtas = small_tile_ctas CTAs per SM).
 template <class Elem, int kHeadDim, int kHeadDimV, int kCtas, int kPageKeys>
 using PlannedTraits = conditional_t<
     (kCtas > 1),
@@ -39,29 +38,17 @@ void launch_planned(const AttentionParams& p, int kv_group, cudaStream_t stream)
   launch_prefill<PlannedTraits<Elem, kHeadDim, kHeadDimV, kCtas, kPageKeys>>(p, kv_group, stream);
 }
 
-// Rung 6's CTAs per SM: two; at head dims <= 64, where more fit (40 KB of tiles each), three or
-// four when KVFLASH_SM90_SMALL_TILE_CTAS says so (opt-in while measured).
-template <class Elem, int kHeadDim, int kHeadDimV>
-void launch_small_tiles(const AttentionParams& p, int kv_group, cudaStream_t stream) {
-  if constexpr (kHeadDim <= 64 && kHeadDimV <= 64) {
-    switch (core::env_int("KVFLASH_SM90_SMALL_TILE_CTAS", 2)) {
-      case 3: return launch_planned<Elem, kHeadDim, kHeadDimV, 3>(p, kv_group, stream);
-      case 4: return launch_planned<Elem, kHeadDim, kHeadDimV, 4>(p, kv_group, stream);
-      default: break;
-    }
-  }
-  launch_planned<Elem, kHeadDim, kHeadDimV, 2>(p, kv_group, stream);
-}
-
 // fp8 (FA3's all-fp8 call) has rung 3's kernel over every page size the family reads and rung 4's
 // over a dense cache or pages of whole blocks; 16 bits every rung.
 template <class Elem, int kHeadDim, int kHeadDimV>
 void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaStream_t stream) {
   constexpr bool kFp8 = std::is_same_v<Elem, __nv_fp8_e4m3>;
-  // Rung 6: two CTAs of one overlapping group per SM over 64 x 64 tiles (head dims <= 128: two
-  // fit), over a dense cache or pages of 8 or more keys (core::sm90_small_tiles).
+  // Rung 6: two or three CTAs of one overlapping group per SM over 64 x 64 tiles
+  // (small_tile_ctas), over a dense cache or pages of 8 or more keys (core::sm90_small_tiles).
   if constexpr (!kFp8 && kHeadDim <= kSmallTileMaxHeadDim && kHeadDimV <= kSmallTileMaxHeadDim) {
-    if (rung == kSmallTileRung) return launch_small_tiles<Elem, kHeadDim, kHeadDimV>(p, kv_group, stream);
+    if (rung == kSmallTileRung) {
+      return launch_planned<Elem, kHeadDim, kHeadDimV, small_tile_ctas(kHeadDim, kHeadDimV)>(p, kv_group, stream);
+    }
   }
   // 128 keys per block up to head dim 128; 64 above (two stages of K and V then fit beside Q).
   constexpr int kBlockN = prefill_block_n(kHeadDim, kHeadDimV);
