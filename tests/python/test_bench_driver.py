@@ -183,6 +183,13 @@ def test_stages_reference_and_budget():
     assert all(r.reference == "kvflash" and r.max_abs_diff <= 0.02 for r in late_rows)
     assert rows.index(late_rows[0]) > max(rows.index(r) for r in rows if r.system == "kvflash")
 
+    # After each stage but the last, the rows so far (the CLI writes its report from them).
+    reports = []
+    Suite(suites.run_order(cases), [Kvflash("cpu"), LateSdpa()], timer, "cpu", budget_s=60, log=lambda _: None,
+          on_stage=reports.append).run()
+    assert [{r.system for r in rows} for rows in reports] == [{"kvflash"}]
+    assert len(reports[0]) == len(cases)
+
     starved = Suite(cases, [Kvflash("cpu"), late], timer, "cpu", budget_s=0, log=lambda _: None).run()
     assert {r.status for r in starved} == {"not run"}
     assert all("time budget" in r.note for r in starved)

@@ -7,7 +7,8 @@
     python -m kvflash.bench --device cpu --tiny    # dry run on the CPU (structure, checks, outputs)
 
 Writes results.csv, results.md, decode.png and prefill.png into --out (default
-bench/results/<date>) and prints the markdown last. kvflash-bi is kvflash in batch-invariant mode
+bench/results/<date>) and prints the markdown last; results.csv and results.md are written after
+each stage of systems too, so a run killed in a later stage keeps the stages done. kvflash-bi is kvflash in batch-invariant mode
 (its cost), never counted as a peer.
 """
 
@@ -161,23 +162,30 @@ def main(argv=None):
     # The budget counts from the start of the process; keep a few seconds for the reports.
     budget = args.budget - (time.perf_counter() - started) - 10
     partial = PartialRows(os.path.join(out_dir, "rows.partial.csv"))
+    meta = dict(ceilings, commit=git_commit(), gpu=device_name(args.device),
+                date=date.strftime("%Y-%m-%d %H:%M UTC"), versions=versions(),
+                command=switches() + "python -m kvflash.bench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+                method=method_text(args), build=[])
+
+    def report(rows):
+        """results.csv and results.md of the rows so far (after each stage, then of the whole run)."""
+        meta["build"] = [line for system in systems for line in system.setup_report()]
+        results = Results(rows, meta, order=cases)
+        write_csv(results, os.path.join(out_dir, "results.csv"))
+        text = markdown(results)
+        with open(os.path.join(out_dir, "results.md"), "w") as f:
+            f.write(text + "\n")
+        return results, text
+
     suite = Suite(suites.run_order(cases), systems, timer, args.device, budget, parse_not_run(args.not_run), args.seed,
-                  log=lambda line: print(line, flush=True), on_row=partial.add)
+                  log=lambda line: print(line, flush=True), on_row=partial.add, on_stage=report)
     try:
         rows = suite.run()
     except Exception:  # noqa: BLE001 - a driver bug must not lose the rows measured so far
         traceback.print_exc()
         rows = suite.rows
         print("[bench] the suite stopped early (traceback above); reporting the rows made so far", flush=True)
-    meta = dict(ceilings, commit=git_commit(), gpu=device_name(args.device),
-                date=date.strftime("%Y-%m-%d %H:%M UTC"), versions=versions(),
-                command=switches() + "python -m kvflash.bench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
-                method=method_text(args), build=[line for system in systems for line in system.setup_report()])
-    results = Results(rows, meta, order=cases)
-    write_csv(results, os.path.join(out_dir, "results.csv"))
-    text = markdown(results)
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(text + "\n")
+    results, text = report(rows)
     try:
         plots = [] if args.no_plots else write_plots(results, out_dir)
     except Exception:  # noqa: BLE001 - the CSV and markdown are written; say why the plots are not

@@ -71,7 +71,7 @@ def tolerance(case):
 
 class Suite:
     def __init__(self, cases, systems, timer, device, budget_s, not_run=None, seed=0, log=print,
-                 on_row=None, stage_share=STAGE_SHARE, setup_share=0.3):
+                 on_row=None, stage_share=STAGE_SHARE, setup_share=0.3, on_stage=None):
         self.cases = cases  # in the order they are run
         self.systems = systems
         self.timer = timer
@@ -88,6 +88,9 @@ class Suite:
         self.seed = seed
         self.log = log
         self.on_row = on_row  # called with each timed row as it is made (partial results)
+        # Called with the rows so far after each stage (a report of the stages done, which a run
+        # killed in a later stage keeps).
+        self.on_stage = on_stage
         self.rows = []
 
     def remaining(self):
@@ -115,6 +118,8 @@ class Suite:
                 if waited:
                     self.log(f"[bench] {system.name}: {waited}")
             self._pass(systems, reference_timed=stage == 0, reserve=reserve)
+            if self.on_stage and stage != stages[-1]:
+                self.on_stage(list(self.rows))
         for system in self.systems:
             if reasons[system.name]:
                 self.rows += [Row(c, system.name, "not run", note=reasons[system.name]) for c in self.cases]
