@@ -1,7 +1,8 @@
 // The sm90 prefill family's ladder (src/cuda/sm90/prefill.h), each rung timed on the same inputs
 // and checked against the portable kernels (the public API with num_splits = 2, which the sm90
 // family never takes): dense bf16 caches, 16k x 16k at head dims 64 / 128 / 256 (non-causal and
-// causal) and 32 prompts of 512 (causal); rungs 1-8 (src/cuda/sm90/prefill.h). Paged rows (pages
+// causal) and batched shorter prompts (32 x 512 to 4 x 4096: where rung 6's small tiles stop
+// paying against rung 3 / rung 8); rungs 1-8 (src/cuda/sm90/prefill.h). Paged rows (pages
 // of 8-64 keys, smaller than a key block, in a random order) run the best rung, the kernel the
 // family rule picks for them. TFLOP/s = 4 d x visible (query, key) pairs x heads / median time of
 // 10 launches after 2 warm-ups.
@@ -182,6 +183,7 @@ int run_sm90_bench(bool small) {
                                  {1, 16384, 8, 8, 256, false},    {1, 16384, 8, 8, 256, true},
                                  {32, 512, 16, 16, 128, true},    {32, 512, 16, 16, 128, false},
                                  {32, 512, 32, 32, 64, true},     {16, 1024, 16, 16, 128, true},
+                                 {16, 1024, 32, 32, 64, false},   {8, 2048, 32, 32, 64, true},
                                  {4, 4096, 32, 32, 64, false},
                                  {1, 8192, 32, 8, 128, true}};
   // Paged: the engines' pages (16: vLLM; 64: SGLang with FA3) at the dense rows' shapes, and 8 / 32.
