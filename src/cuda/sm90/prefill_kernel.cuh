@@ -44,6 +44,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "core/env_switch.h"
 #include "core/kernel_family.h"
 #include "cuda/common/cta_work.cuh"
 #include "cuda/common/launch.cuh"
@@ -211,6 +212,9 @@ struct PrefillParams {
   int kv_group = 1;           // query heads per K / V head
   int m_blocks = 0;           // query blocks per (head, sequence)
   int num_tiles = 0;          // persistent: m_blocks x heads x sequences
+  // Pages smaller than a block: their copies issued by the producer group's four warps, not its
+  // first warp alone (KVFLASH_SM90_SPREAD_PAGES=1, opt-in while measured; see produce()).
+  bool spread_units = false;
   typename T::GShape q_shape, k_shape, v_shape;
   typename T::TmaQ tma_q;
   typename T::TmaK tma_k;
@@ -269,6 +273,13 @@ __device__ __forceinline__ void pass_turn(int group) {
 // expects the block's bytes (kKBytes / kVBytes: zero-filled boxes count too). `state` carries on from tile
 // to tile (persistent); so does Q's barrier. Persistent, Q follows the tile's first K / V block,
 // after the consumers have read the tile before out of it (wait_q: not the CTA's first tile).
+// spread_units (pages smaller than a block, not persistent): all four producer warps run this,
+// lane l of warp w issuing unit 4 l + w. A TMA copy takes uniform operands, so a warp issues its
+// lanes' copies one after another (SASS: ~11 instructions each, 32 copies per 128-key block at
+// page 16 and d 128, all on the first warp's scheduler beside two consumer warps); spread, each
+// scheduler issues a quarter. Another warp's copies may complete bytes on a full barrier before
+// the leader's expect_tx: its tx-count then goes below zero, which the mbarrier allows, and the
+// phase still waits for the leader's arrival.
 template <class T>
 __device__ __forceinline__ void produce(const PrefillParams<T>& params, typename T::SharedStorage& ss,
                                         typename T::Pipeline& pipe_k, typename T::Pipeline& pipe_v,
@@ -279,14 +290,15 @@ __device__ __forceinline__ void produce(const PrefillParams<T>& params, typename
   const int hk = head / params.kv_group;
   const SeqLens& seq = start.col.seq;
   const int lane = T::kProducerLanes > 1 ? int(threadIdx.x % 32) : 0;
-  const bool issues = lane < T::kUnits;
-  // The leader's expect_tx precedes the other lanes' copies.
+  const int unit = params.spread_units ? lane * 4 + int(threadIdx.x / 32) : lane;
+  const bool issues = unit < T::kUnits;
+  // The leader's expect_tx precedes the other lanes' copies (its own warp's).
   auto sync_lanes = [] {
     if constexpr (T::kProducerLanes > 1) __syncwarp();
   };
   auto load_q = [&] {
     if (wait_q) wait_q_free<T>();
-    if (lane != 0) return;
+    if (threadIdx.x != 0) return;
     // Q: rows [q_offset + row0, + kBlockM) of this head (varlen: one batch row of all tokens).
     const int q_batch = p.len.cu_seqlens_q.data ? 0 : start.col.b;
     Tensor mQ = params.tma_q.get_tma_tensor(params.q_shape)(_, _, head, q_batch);
@@ -309,20 +321,20 @@ __device__ __forceinline__ void produce(const PrefillParams<T>& params, typename
   const auto k_unit = Shape<Int<T::kUnitRows>, Int<T::kHeadDim>>{};
   const auto v_unit = Shape<Int<T::kUnitRows>, Int<T::kHeadDimV>>{};
   for (int n = n_last; n >= n_first; --n) {
-    const int2 at = kv_unit_origin(p, seq, n * T::kBlockN + (issues ? lane : 0) * T::kUnitRows);
+    const int2 at = kv_unit_origin(p, seq, n * T::kBlockN + (issues ? unit : 0) * T::kUnitRows);
     Tensor gK = local_tile(domain_offset(make_coord(at.x, _0{}), mK(_, _, hk, at.y)), k_unit, make_coord(_0{}, _0{}));
     Tensor gV = local_tile(domain_offset(make_coord(at.x, _0{}), mV(_, _, hk, at.y)), v_unit, make_coord(_0{}, _0{}));
     pipe_k.producer_acquire(state);
     sync_lanes();
     if (issues) {
       copy(params.tma_k.with(*pipe_k.producer_get_barrier(state), 0), k_slice.partition_S(gK),
-           k_slice.partition_D(local_tile(sK(_, _, state.index()), k_unit, make_coord(lane, _0{}))));
+           k_slice.partition_D(local_tile(sK(_, _, state.index()), k_unit, make_coord(unit, _0{}))));
     }
     pipe_v.producer_acquire(state);
     sync_lanes();
     if (issues) {
       copy(params.tma_v.with(*pipe_v.producer_get_barrier(state), 0), v_slice.partition_S(gV),
-           v_slice.partition_D(local_tile(sV(_, _, state.index()), v_unit, make_coord(lane, _0{}))));
+           v_slice.partition_D(local_tile(sV(_, _, state.index()), v_unit, make_coord(unit, _0{}))));
     }
     ++state;
     if constexpr (T::kPersistent) {
@@ -575,7 +587,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
   if (threadIdx.x < 128) {
     if constexpr (T::kReallocate) cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
     auto state = cutlass::make_producer_start_state<typename T::Pipeline>();  // phase 1: buffers empty
-    if (threadIdx.x < T::kProducerLanes) {
+    if (threadIdx.x < (params.spread_units ? 128 : T::kProducerLanes)) {
       produce<T>(params, ss, pipes.k, pipes.v, state, start, head, row0, n.x, n.y, false);
     } else if constexpr (T::kFp8) {
       if (threadIdx.x >= 32) {
@@ -672,6 +684,7 @@ void launch_prefill(const AttentionParams& ap, int kv_group, cudaStream_t stream
   params.p = ap;
   params.p.group = 1;  // one query head per CTA: rows are query indices
   params.kv_group = kv_group;
+  params.spread_units = T::kUnits > 1 && !T::kPersistent && !T::kFp8 && core::env_opted_in("KVFLASH_SM90_SPREAD_PAGES");
   const bool varlen = ap.len.cu_seqlens_q.data != nullptr;
   const int q_rows = varlen ? ap.len.total_q : ap.len.seqlen_q;
   const int q_batches = varlen ? 1 : ap.len.batch;
