@@ -100,10 +100,10 @@ KVFLASH_HD constexpr bool sm90_takes(const FamilyInputs& in) {
 
 // The sm90 family's small-tile kernel (src/cuda/sm90/prefill.h, rung 6): 64 x 64 tiles, two CTAs
 // per SM (three at head dims <= 64: sm90::small_tile_ctas), so that one CTA's prologue and
-// epilogue overlap the others' GEMMs. It pays while a query
-// tile's key loop is short (session 16, H100, through the API, 16 heads, d 128: b32 x 512 causal
-// 0.176 -> 0.155 ms, full 0.211 -> 0.205, b16 x 1024 causal 0.230 -> 0.216 (512 keys per row on
-// average), but b16 x 1024 full 0.309 -> 0.321 and b1 x 16k 20% slower): so at most 512 keys for
+// epilogue overlap the others' GEMMs. It pays while a query tile's key loop is short (session
+// 16, H100, through the API, 16 heads, d 128: b32 x 512 causal 0.176 -> 0.155 ms, full 0.211 ->
+// 0.205, b16 x 1024 causal 0.230 -> 0.216 (512 keys per row on average), but b16 x 1024 full
+// 0.309 -> 0.321 and b1 x 16k 20% slower): so at most 512 keys for
 // the middle query row, prompts of up to 1,024 tokens, head dim <= 128 (two CTAs' tiles fit in
 // shared memory), over any cache layout the family reads (pages of 8-64 keys: one copy per page);
 // 16-bit calls only (the fp8 kernel is built as rung 3's 128-row shape alone).

@@ -74,14 +74,15 @@ fi
 # random_sharded COUNT FIRST_SEED SUBSET: the runner's random cases from SHARDS processes at once
 # (each case's float64 oracle runs on one core: ~1.6 sm90 cases per second serially), each over
 # its own seeds (the runner draws at most 20 x its count) and stopping after SM90_TIMEOUT seconds
-# (KVFLASH_RUNNER_SECONDS: it reports what ran; `timeout` kills a hang a minute later). SHARDS=1
-# is the serial run. The summary adds the shards' counts up.
+# (KVFLASH_RUNNER_SECONDS: it reports what ran; `timeout` kills a hang a minute later, and the
+# shard's last traced case names it). SHARDS=1 is the serial run. The summary adds the shards'
+# counts up.
 random_sharded() {
   local shards=${SHARDS:-8} seconds=${SM90_TIMEOUT:-300} pids=() rc=0 i
   local per=$(( ($1 + shards - 1) / shards ))
   for ((i = 0; i < shards; ++i)); do
-    KVFLASH_RUNNER_SECONDS=$seconds timeout $((seconds + 60)) "$RUNNER" random "$per" "$(( $2 + i * 20 * per ))" "$3" \
-      >"$OUT/shard$i.tmp" 2>&1 &
+    KVFLASH_RUNNER_TRACE=1 KVFLASH_RUNNER_SECONDS=$seconds timeout $((seconds + 60)) \
+      "$RUNNER" random "$per" "$(( $2 + i * 20 * per ))" "$3" >"$OUT/shard$i.tmp" 2>&1 &
     pids+=($!)
   done
   for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; cat "$OUT/shard$i.tmp"; rm -f "$OUT/shard$i.tmp"; done

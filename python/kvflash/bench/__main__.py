@@ -8,8 +8,8 @@
 
 Writes results.csv, results.md, decode.png and prefill.png into --out (default
 bench/results/<date>) and prints the markdown last; results.csv and results.md are written after
-each stage of systems too, so a run killed in a later stage keeps the stages done. kvflash-bi is kvflash in batch-invariant mode
-(its cost), never counted as a peer.
+each stage of systems too, so a run killed in a later stage keeps the stages done. kvflash-bi is
+kvflash in batch-invariant mode (its cost), never counted as a peer.
 """
 
 import argparse

@@ -22,8 +22,9 @@ constexpr int prefill_block_n(int headdim, int headdim_v) {
 // a group; 4: 3 + the groups taking turns at the tensor cores (ping-pong); 5: 3 made persistent
 // (one CTA per SM walks the tiles; session 11 on the H200: correct, slower than 3 on six of eight
 // shapes, up to 20 % at d 256 causal); 6: two CTAs per SM (three at d <= 64: small_tile_ctas),
-// each one overlapping group over 64 x 64 tiles (head dim <= 128; rung 3 above), for short sequences, where rung 3's one CTA per SM
-// leaves its prologue and epilogue exposed (planned for short key loops: core::sm90_small_tiles).
+// each one overlapping group over 64 x 64 tiles (head dim <= 128; rung 3 above), for short
+// sequences, where rung 3's one CTA per SM leaves its prologue and epilogue exposed (planned for
+// short key loops: core::sm90_small_tiles).
 // Rung 3 runs: rung 4 is 2 % faster at d 128 and slower at d 64 / 256 (BENCHMARKS.md, session 5),
 // and compute-sanitizer's racecheck reports epilogue hazards in rung 4 only (a tool that counts
 // the turn barriers' bar.arrive as no barrier would see the groups one barrier apart there).

@@ -684,7 +684,8 @@ void launch_prefill(const AttentionParams& ap, int kv_group, cudaStream_t stream
   params.p = ap;
   params.p.group = 1;  // one query head per CTA: rows are query indices
   params.kv_group = kv_group;
-  params.spread_units = T::kUnits > 1 && !T::kPersistent && !T::kFp8 && core::env_opted_in("KVFLASH_SM90_SPREAD_PAGES");
+  params.spread_units =
+      T::kUnits > 1 && !T::kPersistent && !T::kFp8 && core::env_opted_in("KVFLASH_SM90_SPREAD_PAGES");
   const bool varlen = ap.len.cu_seqlens_q.data != nullptr;
   const int q_rows = varlen ? ap.len.total_q : ap.len.seqlen_q;
   const int q_batches = varlen ? 1 : ap.len.batch;
