@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU test runner, one call on a GPU machine: build (all instantiations, sm_80 + sm_90a),
 # resource usage of the kernels, >= 1000 random differential cases against the oracle (the sm90
-# family's draws on its default kernels (small tiles for short prompts), the persistent one and the
-# 128- and 192-row tiles alone, then rung 3's alone, 300 MLA ones on the portable kernels, 300 on
+# family's draws on its default kernels (small tiles for short prompts; 1,000 from SHARDS processes
+# at once), the persistent one and the 128- and 192-row tiles alone, then rung 3's alone, with the
+# small-page copies spread over the producer warps (opt-in), 300 MLA ones on the portable kernels, 300 on
 # the sm90_mla kernel, its bench rows, 300 fp8 ones, 300 all-fp8 prefill ones on the sm90 fp8 kernel,
 # compute-sanitizer memcheck, racecheck, initcheck and synccheck over a subset (memcheck also over
 # issue 18's malformed-call table), bitwise determinism and batch invariance, the same cases from
@@ -14,7 +15,7 @@
 # SKIP="memcheck racecheck" leaves the named steps out (to split the runner over two device calls).
 # With `.prebuilt` carried (scripts/prebuild_gpu.sh, run on the dev machine from this same tree)
 # the build step unpacks its programs instead of compiling, and the resource step has no objects.
-#   CASES=1000 FP8_CASES=300 SM90_FP8_CASES=300 MEMCHECK_CASES=40 RACECHECK_CASES=12 INITCHECK_CASES=12 SYNCCHECK_CASES=12 JOBS=16 tests/gpu/run.sh
+#   CASES=1000 SM90_CASES=1000 SHARDS=14 SM90_TIMEOUT=120 FP8_CASES=300 SM90_FP8_CASES=300 MEMCHECK_CASES=40 RACECHECK_CASES=12 INITCHECK_CASES=12 SYNCCHECK_CASES=12 JOBS=16 tests/gpu/run.sh
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-logs}
