@@ -25,8 +25,9 @@
 //                                                     KVFLASH_RUNNER_SECONDS=N: no new case
 //                                                     after N seconds (the tally still prints,
 //                                                     where a caller's timeout would leave none)
-//   kvflash_gpu_runner sm90bench [small]              the sm90 family's rungs timed (sm90_bench.cpp;
-//                                                     small: once each on small shapes, untimed)
+//   kvflash_gpu_runner sm90bench [small|paged]        the sm90 family's rungs timed (sm90_bench.cpp;
+//                                                     small: once each on small shapes, untimed;
+//                                                     paged: the paged rows alone)
 //   kvflash_gpu_runner graph                          capture a decode step, replay with new lengths
 //   kvflash_gpu_runner combine                        kvflash::combine on the GPU vs the CPU
 //   kvflash_gpu_runner bench [case]                   the speed floors (decode64, decode1,
@@ -214,7 +215,7 @@ int run_random(int count, uint64_t first_seed, const std::string& only) {
 int run_graph();    // graph_test.cpp
 int run_combine();  // combine_test.cpp
 int run_bench(const std::string& only);  // bench.cpp: "" for every case
-int run_sm90_bench(bool small);          // sm90_bench.cpp
+int run_sm90_bench(bool small, bool paged_only);  // sm90_bench.cpp
 int run_bad_input();                     // reliability_test.cpp
 int run_bitwise(int count);              // reliability_test.cpp
 int run_streams(int count);              // reliability_test.cpp
@@ -233,10 +234,13 @@ int main(int argc, char** argv) {
   if (mode == "graph") return run_graph();
   if (mode == "combine") return run_combine();
   if (mode == "bench") return run_bench(argc > 2 ? argv[2] : "");
-  if (mode == "sm90bench") return run_sm90_bench(argc > 2 && std::string(argv[2]) == "small");
+  if (mode == "sm90bench") {
+    const std::string variant = argc > 2 ? argv[2] : "";
+    return run_sm90_bench(variant == "small", variant == "paged");
+  }
   if (mode == "badinput") return run_bad_input();
   if (mode == "bitwise") return run_bitwise(argc > 2 ? std::atoi(argv[2]) : 200);
   if (mode == "streams") return run_streams(argc > 2 ? std::atoi(argv[2]) : 100);
-  std::fprintf(stderr, "usage: %s random <count> [first_seed] [split|prefill|sm90|sm90fp8|mla|sm90mla|fp8] | graph | combine | bench [case] | sm90bench [small] | badinput | bitwise [count] | streams [count]\n", argv[0]);
+  std::fprintf(stderr, "usage: %s random <count> [first_seed] [split|prefill|sm90|sm90fp8|mla|sm90mla|fp8] | graph | combine | bench [case] | sm90bench [small|paged] | badinput | bitwise [count] | streams [count]\n", argv[0]);
   return 2;
 }

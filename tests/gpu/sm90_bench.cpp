@@ -24,7 +24,7 @@
 
 namespace kvflash::gpu_test {
 #if !defined(KVFLASH_WITH_SM90)
-int run_sm90_bench(bool) {
+int run_sm90_bench(bool, bool) {
   std::printf("sm90bench: this build has no sm90 prefill family (a KVFLASH_CUDA_MINIMAL build)\n");
   return 1;
 }
@@ -172,8 +172,9 @@ bool runs_rung(const Shape& s, bool small, int rung) {
 
 }  // namespace
 
-// small: the rungs once on small shapes, untimed.
-int run_sm90_bench(bool small) {
+// small: the rungs once on small shapes, untimed; paged_only: the timed paged rows alone (to time
+// a switch of the small-page copies, such as KVFLASH_SM90_SPREAD_PAGES, against the default).
+int run_sm90_bench(bool small, bool paged_only) {
   std::vector<Shape> shapes =
       small ? std::vector<Shape>{{2, 200, 2, 1, 64, true},   {2, 200, 2, 2, 128, false}, {2, 200, 2, 1, 128, true},
                                  {2, 200, 2, 2, 256, false},  {2, 200, 2, 1, 256, true},
@@ -197,6 +198,7 @@ int run_sm90_bench(bool small) {
                                  {1, 16384, 8, 8, 256, true, 16},    {1, 16384, 8, 8, 256, true, 32},
                                  {32, 512, 16, 16, 128, true, 16},   {32, 512, 16, 16, 128, true, 64},
                                  {1, 8192, 32, 8, 128, true, 16}};
+  if (paged_only) shapes.clear();
   shapes.insert(shapes.end(), paged.begin(), paged.end());
   std::mt19937 rng(11);
   int failures = 0;
