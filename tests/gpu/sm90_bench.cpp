@@ -172,8 +172,8 @@ bool runs_rung(const Shape& s, bool small, int rung) {
 
 }  // namespace
 
-// small: the rungs once on small shapes, untimed; paged_only: the timed paged rows alone (to time
-// a switch of the small-page copies, such as KVFLASH_SM90_SPREAD_PAGES, against the default).
+// small: the rungs once on small shapes, untimed; paged_only: the timed paged rows alone (a quick
+// measure of a change to the small-page copies).
 int run_sm90_bench(bool small, bool paged_only) {
   std::vector<Shape> shapes =
       small ? std::vector<Shape>{{2, 200, 2, 1, 64, true},   {2, 200, 2, 2, 128, false}, {2, 200, 2, 1, 128, true},

@@ -108,6 +108,10 @@ struct PrefillTraits {
   static_assert(kBlockN % kUnitRows == 0 && kUnits <= 32, "whole pages per block, one producer lane each");
   // The persistent producer is a whole warp: it waits at a named barrier (counted in warps).
   static constexpr int kProducerLanes = kUnits > 1 || kPersistent ? 32 : 1;
+  // Pages smaller than a block: all four producer warps issue the page copies (see produce()),
+  // except persistent (its producer warp waits at a named barrier) and fp8 (warps 1-3 transpose V).
+  static constexpr bool kSpreadUnits = kUnits > 1 && !kPersistent && !kFp8;
+  static constexpr int kProducerThreads = kSpreadUnits ? 128 : kProducerLanes;
 
   using TileQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
   using TilePV = Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>;
@@ -212,9 +216,6 @@ struct PrefillParams {
   int kv_group = 1;           // query heads per K / V head
   int m_blocks = 0;           // query blocks per (head, sequence)
   int num_tiles = 0;          // persistent: m_blocks x heads x sequences
-  // Pages smaller than a block: their copies issued by the producer group's four warps, not its
-  // first warp alone (KVFLASH_SM90_SPREAD_PAGES=1, opt-in while measured; see produce()).
-  bool spread_units = false;
   typename T::GShape q_shape, k_shape, v_shape;
   typename T::TmaQ tma_q;
   typename T::TmaK tma_k;
@@ -273,11 +274,12 @@ __device__ __forceinline__ void pass_turn(int group) {
 // expects the block's bytes (kKBytes / kVBytes: zero-filled boxes count too). `state` carries on from tile
 // to tile (persistent); so does Q's barrier. Persistent, Q follows the tile's first K / V block,
 // after the consumers have read the tile before out of it (wait_q: not the CTA's first tile).
-// spread_units (pages smaller than a block, not persistent): all four producer warps run this,
-// lane l of warp w issuing unit 4 l + w. A TMA copy takes uniform operands, so a warp issues its
-// lanes' copies one after another (SASS: ~11 instructions each, 32 copies per 128-key block at
+// kSpreadUnits (pages smaller than a block, not persistent, not fp8): all four producer warps run
+// this, lane l of warp w issuing unit 4 l + w. A TMA copy takes uniform operands, so a warp issues
+// its lanes' copies one after another (SASS: ~11 instructions each, 32 copies per 128-key block at
 // page 16 and d 128, all on the first warp's scheduler beside two consumer warps); spread, each
-// scheduler issues a quarter. Another warp's copies may complete bytes on a full barrier before
+// scheduler issues a quarter (H100, b1 x 16k d 128 causal: page 8 2.63 -> 1.70 ms, page 16
+// 1.90 -> 1.71, dense 1.66; BENCHMARKS.md, session 27). Another warp's copies may complete bytes on a full barrier before
 // the leader's expect_tx: its tx-count then goes below zero, which the mbarrier allows, and the
 // phase still waits for the leader's arrival.
 template <class T>
@@ -290,7 +292,7 @@ __device__ __forceinline__ void produce(const PrefillParams<T>& params, typename
   const int hk = head / params.kv_group;
   const SeqLens& seq = start.col.seq;
   const int lane = T::kProducerLanes > 1 ? int(threadIdx.x % 32) : 0;
-  const int unit = params.spread_units ? lane * 4 + int(threadIdx.x / 32) : lane;
+  const int unit = T::kSpreadUnits ? lane * 4 + int(threadIdx.x / 32) : lane;
   const bool issues = unit < T::kUnits;
   // The leader's expect_tx precedes the other lanes' copies (its own warp's).
   auto sync_lanes = [] {
@@ -587,7 +589,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
   if (threadIdx.x < 128) {
     if constexpr (T::kReallocate) cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
     auto state = cutlass::make_producer_start_state<typename T::Pipeline>();  // phase 1: buffers empty
-    if (threadIdx.x < (params.spread_units ? 128 : T::kProducerLanes)) {
+    if (threadIdx.x < T::kProducerThreads) {
       produce<T>(params, ss, pipes.k, pipes.v, state, start, head, row0, n.x, n.y, false);
     } else if constexpr (T::kFp8) {
       if (threadIdx.x >= 32) {
@@ -684,8 +686,6 @@ void launch_prefill(const AttentionParams& ap, int kv_group, cudaStream_t stream
   params.p = ap;
   params.p.group = 1;  // one query head per CTA: rows are query indices
   params.kv_group = kv_group;
-  params.spread_units =
-      T::kUnits > 1 && !T::kPersistent && !T::kFp8 && core::env_opted_in("KVFLASH_SM90_SPREAD_PAGES");
   const bool varlen = ap.len.cu_seqlens_q.data != nullptr;
   const int q_rows = varlen ? ap.len.total_q : ap.len.seqlen_q;
   const int q_batches = varlen ? 1 : ap.len.batch;
