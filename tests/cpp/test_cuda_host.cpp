@@ -421,9 +421,10 @@ KernelShape shape_with(core::FamilyInputs in, Change change) {
   return core::choose_kernel(in).shape;
 }
 
-// The sm90 three-group kernel's row: 16-bit calls at head dims up to 64 over a dense cache or pages
-// of whole 128-key blocks, prompts too long for the small tiles; its tile is 192 x 128. On by
-// default in the planner, off by KVFLASH_SM90_THREE_GROUPS=0.
+// The sm90 three-group kernel's row: 16-bit calls at head dims up to 64 over any cache layout the
+// family reads (dense, pages of whole 128-key blocks or of 8-64 keys), prompts too long for the
+// small tiles; its tile is 192 x 128. On by default in the planner, off by
+// KVFLASH_SM90_THREE_GROUPS=0.
 TEST(KernelFamily, Sm90ThreeGroupsRuleRow) {
   core::FamilyInputs in{90, true, 64, 64, 4096};
   in.max_seqlen_q = 4096;
@@ -440,7 +441,10 @@ TEST(KernelFamily, Sm90ThreeGroupsRuleRow) {
   EXPECT_EQ(shape_with(in, [](auto& c) { c.headdim = c.headdim_v = 96; }), KernelShape::prefill);
   EXPECT_EQ(shape_with(in, [](auto& c) { c.page_size = 128; }), KernelShape::prefill_three_groups);
   EXPECT_EQ(shape_with(in, [](auto& c) { c.page_size = 256; }), KernelShape::prefill_three_groups);
-  EXPECT_EQ(shape_with(in, [](auto& c) { c.page_size = 64; }), KernelShape::prefill);  // pages of half a block
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.page_size = 64; }), KernelShape::prefill_three_groups);
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.page_size = 8; }), KernelShape::prefill_three_groups);
+  // Pages the family does not read (4 keys: under a swizzle atom) go to the portable family.
+  EXPECT_EQ(core::choose_kernel([&] { auto c = in; c.page_size = 4; return c; }()).family, KernelFamily::sm80);
   EXPECT_EQ(shape_with(in, [](auto& c) { c.sixteen_bit = false; }), KernelShape::prefill);
   // A short prompt keeps the small tiles.
   EXPECT_EQ(shape_with(in, [](auto& c) { c.sm90_small_tiles = true, c.max_seqlen_q = 512, c.middle_row_keys = 512; }),

@@ -160,11 +160,14 @@ double max_abs_diff(const void* a, const void* b, size_t count) {
   return worst;
 }
 
-// Which rungs a row runs: paged rows the best rung only (it alone has kernels for pages smaller
-// than a block); small (the sanitizers' run: one report per kernel) every rung but ping-pong
+// Which rungs a row runs: paged rows the planned rungs only (3, and 8 at d <= 64: they alone have
+// kernels for pages smaller than a block); small (the sanitizers' run: one report per kernel) every rung but ping-pong
 // (racecheck reports rung 4, see prefill.h); timed rows every rung.
 bool runs_rung(const Shape& s, bool small, int rung) {
-  if (s.page) return rung == cuda::sm90::kBestRung;
+  if (s.page) {
+    return rung == cuda::sm90::kBestRung ||
+           (rung == cuda::sm90::kThreeGroupRung && s.headdim <= cuda::sm90::kThreeGroupMaxHeadDim);
+  }
   if (rung == cuda::sm90::kSmallTileRung && s.headdim > cuda::sm90::kSmallTileMaxHeadDim) return false;
   if (rung == cuda::sm90::kThreeGroupRung && s.headdim > cuda::sm90::kThreeGroupMaxHeadDim) return false;
   return !small || rung != cuda::sm90::kPingPongRung;
@@ -195,6 +198,7 @@ int run_sm90_bench(bool small, bool paged_only) {
             : std::vector<Shape>{{1, 16384, 16, 16, 128, false, 16}, {1, 16384, 16, 16, 128, true, 16},
                                  {1, 16384, 16, 16, 128, true, 64},  {1, 16384, 16, 16, 128, true, 8},
                                  {1, 16384, 16, 16, 128, true, 32},  {1, 16384, 32, 32, 64, true, 16},
+                                 {1, 16384, 32, 32, 64, true, 64},   {1, 16384, 32, 32, 64, false, 16},
                                  {1, 16384, 8, 8, 256, true, 16},    {1, 16384, 8, 8, 256, true, 32},
                                  {32, 512, 16, 16, 128, true, 16},   {32, 512, 16, 16, 128, true, 64},
                                  {1, 8192, 32, 8, 128, true, 16}};

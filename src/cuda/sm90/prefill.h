@@ -49,8 +49,9 @@ constexpr bool ladder_dims(int headdim, int headdim_v) {
 constexpr int kWideRung = 7;
 constexpr int wide_block_n(int headdim) { return headdim <= 64 ? 128 : headdim <= 128 ? 176 : 80; }
 // Rung 8: FA3's tile at d 64, three overlapping consumer groups over 192 query rows (160
-// registers each), over a dense cache or pages of whole blocks; planned there
-// (core::sm90_three_groups; session 25, H100, 16k x 16k: 14 % faster than rung 3 full, 8 % causal).
+// registers each), over any cache layout the family reads (pages of 8-64 keys: one copy per page,
+// as rung 3's); planned there (core::sm90_three_groups; session 25, H100, 16k x 16k: 14 % faster
+// than rung 3 full, 8 % causal).
 constexpr int kThreeGroupRung = 8;
 constexpr int kThreeGroupRows = core::kSm90ThreeGroupRows;
 constexpr int kThreeGroupMaxHeadDim = core::kSm90ThreeGroupMaxHeadDim;

@@ -9,33 +9,33 @@
 namespace kvflash::cuda::sm90 {
 
 // The planned kernels, with their K / V copies kPageKeys keys each (0: a block): rung 3 (128 x
-// block_n, two overlapping groups, kCtas 1) or rung 6 (64 x 64, one overlapping group,
-// kCtas = small_tile_ctas CTAs per SM).
-template <class Elem, int kHeadDim, int kHeadDimV, int kCtas, int kPageKeys>
+// block_n, two overlapping groups), rung 6 (64 x 64, one overlapping group, small_tile_ctas CTAs
+// per SM) or rung 8 (192 x 128, three overlapping groups, d <= 64).
+template <class Elem, int kHeadDim, int kHeadDimV, int kRung, int kPageKeys>
 using PlannedTraits = conditional_t<
-    (kCtas > 1),
+    kRung == kSmallTileRung,
     PrefillTraits<Elem, kHeadDim, kHeadDimV, core::kSm90SmallTile, core::kSm90SmallTile, 2, 1, true, false, kPageKeys,
-                  false, kCtas>,
-    PrefillTraits<Elem, kHeadDim, kHeadDimV, 128, prefill_block_n(kHeadDim, kHeadDimV), 2, 2, true, false,
-                  kPageKeys>>;
-static_assert(kBestRung == 3 && kSmallTileRung == 6, "the planned rungs are compiled for every page size");
+                  false, small_tile_ctas(kHeadDim, kHeadDimV)>,
+    PrefillTraits<Elem, kHeadDim, kHeadDimV, kRung == kThreeGroupRung ? kThreeGroupRows : 128,
+                  prefill_block_n(kHeadDim, kHeadDimV), 2, kRung == kThreeGroupRung ? 3 : 2, true, false, kPageKeys>>;
+static_assert(kBestRung == 3, "the planned rungs (3, 6, 8) are compiled for every page size");
 
 // A planned kernel over a dense cache or pages of whole blocks (one copy per block), else over
 // pages of kPageKeys keys, for each page size the family rule sends here below a block
 // (core::sm90_page_fits: 8, 16, ... block / 2; the last of them ends the search).
-template <class Elem, int kHeadDim, int kHeadDimV, int kCtas, int kPageKeys = core::kSm90MinPageKeys>
+template <class Elem, int kHeadDim, int kHeadDimV, int kRung, int kPageKeys = core::kSm90MinPageKeys>
 void launch_planned(const AttentionParams& p, int kv_group, cudaStream_t stream) {
-  using Whole = PlannedTraits<Elem, kHeadDim, kHeadDimV, kCtas, 0>;
+  using Whole = PlannedTraits<Elem, kHeadDim, kHeadDimV, kRung, 0>;
   if (!p.cache.paged || p.cache.page_size.divisor % Whole::kBlockN == 0) {
     return launch_prefill<Whole>(p, kv_group, stream);
   }
   static_assert(Whole::kBlockN % kPageKeys == 0);
   if constexpr (2 * kPageKeys < Whole::kBlockN) {
     if (p.cache.page_size.divisor != kPageKeys) {
-      return launch_planned<Elem, kHeadDim, kHeadDimV, kCtas, 2 * kPageKeys>(p, kv_group, stream);
+      return launch_planned<Elem, kHeadDim, kHeadDimV, kRung, 2 * kPageKeys>(p, kv_group, stream);
     }
   }
-  launch_prefill<PlannedTraits<Elem, kHeadDim, kHeadDimV, kCtas, kPageKeys>>(p, kv_group, stream);
+  launch_prefill<PlannedTraits<Elem, kHeadDim, kHeadDimV, kRung, kPageKeys>>(p, kv_group, stream);
 }
 
 // fp8 (FA3's all-fp8 call) has rung 3's kernel over every page size the family reads and rung 4's
@@ -47,23 +47,21 @@ void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaS
   // (small_tile_ctas), over a dense cache or pages of 8 or more keys (core::sm90_small_tiles).
   if constexpr (!kFp8 && kHeadDim <= kSmallTileMaxHeadDim && kHeadDimV <= kSmallTileMaxHeadDim) {
     if (rung == kSmallTileRung) {
-      return launch_planned<Elem, kHeadDim, kHeadDimV, small_tile_ctas(kHeadDim, kHeadDimV)>(p, kv_group, stream);
+      return launch_planned<Elem, kHeadDim, kHeadDimV, kSmallTileRung>(p, kv_group, stream);
     }
   }
   // 128 keys per block up to head dim 128; 64 above (two stages of K and V then fit beside Q).
   constexpr int kBlockN = prefill_block_n(kHeadDim, kHeadDimV);
   const bool whole_blocks = !p.cache.paged || p.cache.page_size.divisor % kBlockN == 0;
   // The other rungs are compiled at the ladder's head dims only (sm90bench times them there), over
-  // a dense cache or pages of whole blocks.
+  // a dense cache or pages of whole blocks (rung 8 over small pages too: it is planned).
   if constexpr (ladder_dims(kHeadDim, kHeadDimV)) {
     constexpr int d = kHeadDim;
     if (whole_blocks && rung == kPingPongRung) {
       return launch_prefill<PrefillTraits<Elem, d, d, 128, kBlockN, 2, 2, true, true>>(p, kv_group, stream);
     }
     if constexpr (!kFp8 && d <= kThreeGroupMaxHeadDim) {
-      if (whole_blocks && rung == kThreeGroupRung) {
-        return launch_prefill<PrefillTraits<Elem, d, d, kThreeGroupRows, kBlockN, 2, 3, true>>(p, kv_group, stream);
-      }
+      if (rung == kThreeGroupRung) return launch_planned<Elem, d, d, kThreeGroupRung>(p, kv_group, stream);
     }
     if constexpr (!kFp8) {
       if (whole_blocks) {
@@ -84,7 +82,7 @@ void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaS
     }
   }
   // Rung 3: asked for, over pages smaller than a block, or rung 6 where two CTAs do not fit.
-  launch_planned<Elem, kHeadDim, kHeadDimV, 1>(p, kv_group, stream);
+  launch_planned<Elem, kHeadDim, kHeadDimV, kBestRung>(p, kv_group, stream);
 }
 
 }  // namespace kvflash::cuda::sm90
