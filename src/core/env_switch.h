@@ -2,7 +2,8 @@
 // between calls. Off switches (KVFLASH_SM90, _SM90_SMALL_PAGES, _SM90_MLA, _SM90_FP8, _SM90_SMALL_TILES,
 // _SM90_THREE_GROUPS: a kernel family or shape back to the one before it, to compare with or to
 // fall back to) are on unless set to "0"; opt-in ones (KVFLASH_SM90_PERSISTENT, _SM90_PINGPONG:
-// kernels correct on the GPU but not shown faster than the default) are off unless "1".
+// kernels correct on the GPU but not shown faster than the default; _SM90_THREE_GROUP_PAGES: not
+// yet run on a GPU) are off unless "1".
 #pragma once
 
 #include <cstdlib>

@@ -177,6 +177,7 @@ FamilyInputs family_inputs(const PlanKey& key) {
   in.sm90_small_tiles = sm90 && env_switch_on("KVFLASH_SM90_SMALL_TILES");
   // KVFLASH_SM90_THREE_GROUPS=0 keeps d 64 on rung 3's 128-row tiles (192 on since session 25).
   in.sm90_three_groups = sm90 && env_switch_on("KVFLASH_SM90_THREE_GROUPS");
+  in.sm90_three_group_pages = sm90 && env_opted_in("KVFLASH_SM90_THREE_GROUP_PAGES");
   // FA3's all-fp8 prefill calls go to the sm90 family's fp8 kernel (on since session 24's H100
   // runs: oracle-clean under the fp8 tensor cores' bound, at the sm90 bf16 kernel's speed, where the
   // portable kernels convert fp8 to bf16 and run bf16 prefill at about half of it);

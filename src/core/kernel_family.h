@@ -40,6 +40,9 @@ struct FamilyInputs {
   bool sm90_small_tiles = false;
   // Its 192-row tiles at d 64 (sm90_three_groups()): on unless KVFLASH_SM90_THREE_GROUPS=0.
   bool sm90_three_groups = false;
+  // ... over pages smaller than a key block too: opt-in KVFLASH_SM90_THREE_GROUP_PAGES=1 (compiled,
+  // not yet run on a GPU).
+  bool sm90_three_group_pages = false;
   // FA3's all-fp8 call: the query itself is e4m3 (a 16-bit query over an fp8 cache is not).
   bool fp8_query = false;
   // The sm90 family's fp8 prefill kernel for the all-fp8 call: on unless KVFLASH_SM90_FP8=0
@@ -120,14 +123,17 @@ KVFLASH_HD constexpr bool sm90_small_tiles(const FamilyInputs& in) {
 // FA3's tile at head dim 64: 192 query rows x 128 keys, three consumer groups (160 registers each).
 // At d 64 a block's exp2s take the multiprocessor's special-function units as long as its GEMMs
 // take the tensor cores, so a third group's softmax keeps them busy (session 25, H100: see
-// BENCHMARKS.md). 16-bit calls, over any cache layout the family reads (dense, pages of whole
-// 128-key blocks, or of 8-64 keys: one copy per page, as rung 3's); short prompts keep the small
-// tiles. On unless KVFLASH_SM90_THREE_GROUPS=0 (family_inputs()).
+// BENCHMARKS.md). 16-bit calls, over a dense cache or pages of whole 128-key blocks, and with
+// KVFLASH_SM90_THREE_GROUP_PAGES=1 over pages of 8-64 keys too (one copy per page, as rung 3's;
+// its kernels are compiled and timed by sm90bench, not yet run on a GPU); short prompts keep the
+// small tiles. On unless KVFLASH_SM90_THREE_GROUPS=0 (family_inputs()).
 constexpr int kSm90ThreeGroupRows = 192;
 constexpr int kSm90ThreeGroupMaxHeadDim = 64;
 KVFLASH_HD constexpr bool sm90_three_groups(const FamilyInputs& in) {
   const int widest = round_up_headdim(in.headdim > in.headdim_v ? in.headdim : in.headdim_v);
-  return in.sm90_three_groups && in.sixteen_bit && widest <= kSm90ThreeGroupMaxHeadDim && !sm90_small_tiles(in);
+  const bool pages_read = in.page_size == 0 || in.page_size % sm90_block_n(widest) == 0 || in.sm90_three_group_pages;
+  return in.sm90_three_groups && in.sixteen_bit && widest <= kSm90ThreeGroupMaxHeadDim && pages_read &&
+         !sm90_small_tiles(in);
 }
 
 // Tile t of the sm90 family's persistent kernel (src/cuda/sm90/prefill_kernel.cuh), over m_blocks

@@ -78,6 +78,7 @@ void expect_planner_and_dispatcher_agree(const char* small_tiles, const char* sm
       call.sm90_mla = true;
       call.sm90_small_tiles = core::family_inputs(key).sm90_small_tiles;  // the switch decides it
       call.sm90_three_groups = core::family_inputs(key).sm90_three_groups;
+      call.sm90_three_group_pages = core::family_inputs(key).sm90_three_group_pages;
       call.middle_row_keys = core::family_inputs(key).middle_row_keys;    // the mask's extent
       EXPECT_EQ(plan.kernel, core::choose_kernel(call));
       if (plan.kernel.family == KernelFamily::sm90) {
@@ -421,9 +422,9 @@ KernelShape shape_with(core::FamilyInputs in, Change change) {
   return core::choose_kernel(in).shape;
 }
 
-// The sm90 three-group kernel's row: 16-bit calls at head dims up to 64 over any cache layout the
-// family reads (dense, pages of whole 128-key blocks or of 8-64 keys), prompts too long for the
-// small tiles; its tile is 192 x 128. On by default in the planner, off by
+// The sm90 three-group kernel's row: 16-bit calls at head dims up to 64 over a dense cache or pages
+// of whole 128-key blocks (pages of 8-64 keys too with KVFLASH_SM90_THREE_GROUP_PAGES=1), prompts
+// too long for the small tiles; its tile is 192 x 128. On by default in the planner, off by
 // KVFLASH_SM90_THREE_GROUPS=0.
 TEST(KernelFamily, Sm90ThreeGroupsRuleRow) {
   core::FamilyInputs in{90, true, 64, 64, 4096};
@@ -441,8 +442,11 @@ TEST(KernelFamily, Sm90ThreeGroupsRuleRow) {
   EXPECT_EQ(shape_with(in, [](auto& c) { c.headdim = c.headdim_v = 96; }), KernelShape::prefill);
   EXPECT_EQ(shape_with(in, [](auto& c) { c.page_size = 128; }), KernelShape::prefill_three_groups);
   EXPECT_EQ(shape_with(in, [](auto& c) { c.page_size = 256; }), KernelShape::prefill_three_groups);
-  EXPECT_EQ(shape_with(in, [](auto& c) { c.page_size = 64; }), KernelShape::prefill_three_groups);
-  EXPECT_EQ(shape_with(in, [](auto& c) { c.page_size = 8; }), KernelShape::prefill_three_groups);
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.page_size = 64; }), KernelShape::prefill);  // pages of half a block
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.page_size = 64, c.sm90_three_group_pages = true; }),
+            KernelShape::prefill_three_groups);
+  EXPECT_EQ(shape_with(in, [](auto& c) { c.page_size = 8, c.sm90_three_group_pages = true; }),
+            KernelShape::prefill_three_groups);
   // Pages the family does not read (4 keys: under a swizzle atom) go to the portable family.
   EXPECT_EQ(core::choose_kernel([&] { auto c = in; c.page_size = 4; return c; }()).family, KernelFamily::sm80);
   EXPECT_EQ(shape_with(in, [](auto& c) { c.sixteen_bit = false; }), KernelShape::prefill);
@@ -461,6 +465,21 @@ TEST(KernelFamily, Sm90ThreeGroupsRuleRow) {
   EXPECT_EQ(cuda::rows_per_cta(plan), 192);
   const ScopedEnv off("KVFLASH_SM90_THREE_GROUPS", "0");
   EXPECT_EQ(core::static_plan(key).kernel.shape, KernelShape::prefill);
+}
+
+// KVFLASH_SM90_THREE_GROUP_PAGES=1 plans the 192-row tile over pages smaller than a key block.
+TEST(KernelFamily, Sm90ThreeGroupPagesOptIn) {
+  PlanKey raw = prefill_key();
+  raw.headdim = raw.headdim_v = 64;
+  raw.batch = 4, raw.max_seqlen_q = raw.max_seqlen_k = 4096;
+  raw.page_size = 16;
+  const PlanKey key = core::canonical_key(raw, core::DeviceInfo{132, 90});
+  EXPECT_EQ(core::static_plan(key).kernel.shape, KernelShape::prefill);
+  const ScopedEnv on("KVFLASH_SM90_THREE_GROUP_PAGES", "1");
+  const Plan plan = core::static_plan(key);
+  EXPECT_EQ(plan.kernel.family, KernelFamily::sm90);
+  EXPECT_EQ(plan.kernel.shape, KernelShape::prefill_three_groups);
+  EXPECT_EQ(plan.block_m, 192);
 }
 
 // The sm90 small-tile kernel's row: short key loops (the middle query row sees <= 512 keys) of

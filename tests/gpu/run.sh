@@ -2,7 +2,8 @@
 # The GPU test runner, one call on a GPU machine: build (all instantiations, sm_80 + sm_90a),
 # resource usage of the kernels, >= 1000 random differential cases against the oracle (the sm90
 # family's draws on its default kernels (small tiles for short prompts; 1,000 from SHARDS processes
-# at once), the persistent one and the 128- and 192-row tiles alone, then rung 3's alone), 300 MLA
+# at once), the persistent one and the 128- and 192-row tiles alone, then rung 3's alone, then
+# with rung 8 over small pages (opt-in)), 300 MLA
 # ones on the portable kernels, 300 on
 # the sm90_mla kernel, its bench rows, 300 fp8 ones, 300 all-fp8 prefill ones on the sm90 fp8 kernel,
 # compute-sanitizer memcheck, racecheck, initcheck and synccheck over a subset (memcheck also over
@@ -107,6 +108,10 @@ step sm90bigtiles sm90bigtiles.log env KVFLASH_SM90_SMALL_TILES=0 KVFLASH_RUNNER
 # rung 3 alone, at d 64 too (sm90bigtiles above runs rung 8 there).
 step sm90rung3 sm90rung3.log env KVFLASH_SM90_THREE_GROUPS=0 KVFLASH_SM90_SMALL_TILES=0 \
   KVFLASH_RUNNER_TRACE=1 timeout "${SM90_TIMEOUT:-300}" "$RUNNER" random "${SM90_RUNG3_CASES:-300}" 1 sm90
+# The same draws with rung 8 planned over pages smaller than a block (opt-in
+# KVFLASH_SM90_THREE_GROUP_PAGES=1) and the small tiles off, so d 64 draws take rung 8.
+sm90_three_group_pages() { KVFLASH_SM90_THREE_GROUP_PAGES=1 KVFLASH_SM90_SMALL_TILES=0 random_sharded "$@"; }
+step sm90tgpages sm90tgpages.log sm90_three_group_pages "${SM90_TG_PAGES_CASES:-300}" 70001 sm90
 step sm80prefill sm80prefill.log env KVFLASH_SM90=0 "$RUNNER" random "${SM80_PREFILL_CASES:-300}" 20001 prefill
 # MLA (d 64 / d_v 512, qv, only_qv, 1 KV head, 16 or 128 query heads; a fifth over an fp8 e4m3
 # latent cache with descales), which a plain draw rarely makes.
@@ -191,10 +196,10 @@ step fp8acc fp8acc.log python3 bench/fp8_accumulation.py
 echo
 echo "=== summary ($(head -1 "$OUT/resources.txt")) ==="
 printf '%-10s %s\n' step result
-for s in build random sm90 sm90persistent sm90bigtiles sm90rung3 sm80prefill mla sm90mla mlabench fp8 sm90fp8 sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors fp8prefill fp8acc; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
+for s in build random sm90 sm90persistent sm90bigtiles sm90rung3 sm90tgpages sm80prefill mla sm90mla mlabench fp8 sm90fp8 sm90bench graph combine badinput bitwise streams memcheck racecheck initcheck synccheck memcheck_badinput bench floors fp8prefill fp8acc; do printf '%-10s %s\n' "$s" "${status[$s]:-not run}"; done
 grep -h "^random:" "$OUT/random.log" || true
 grep -h "^random sm90" "$OUT/sm90.log" "$OUT/sm90persistent.log" "$OUT/sm90bigtiles.log" "$OUT/sm90rung3.log" || true
-for log in sm90; do
+for log in sm90 sm90tgpages; do
   awk -v step=$log '/^random sm90: / { p += $3; f += $5; n++ }
     END { if (n) printf "random sm90 (step %s) over %d shards: %d passed, %d failed\n", step, n, p, f }' \
     "$OUT/$log.log" 2>/dev/null || true

@@ -50,8 +50,9 @@ constexpr int kWideRung = 7;
 constexpr int wide_block_n(int headdim) { return headdim <= 64 ? 128 : headdim <= 128 ? 176 : 80; }
 // Rung 8: FA3's tile at d 64, three overlapping consumer groups over 192 query rows (160
 // registers each), over any cache layout the family reads (pages of 8-64 keys: one copy per page,
-// as rung 3's); planned there (core::sm90_three_groups; session 25, H100, 16k x 16k: 14 % faster
-// than rung 3 full, 8 % causal).
+// as rung 3's); planned over dense caches and whole-block pages, over smaller pages only with
+// KVFLASH_SM90_THREE_GROUP_PAGES=1 (core::sm90_three_groups; session 25, H100, 16k x 16k: 14 %
+// faster than rung 3 full, 8 % causal).
 constexpr int kThreeGroupRung = 8;
 constexpr int kThreeGroupRows = core::kSm90ThreeGroupRows;
 constexpr int kThreeGroupMaxHeadDim = core::kSm90ThreeGroupMaxHeadDim;

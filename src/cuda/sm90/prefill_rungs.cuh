@@ -54,7 +54,8 @@ void launch_prefill_rung(const AttentionParams& p, int kv_group, int rung, cudaS
   constexpr int kBlockN = prefill_block_n(kHeadDim, kHeadDimV);
   const bool whole_blocks = !p.cache.paged || p.cache.page_size.divisor % kBlockN == 0;
   // The other rungs are compiled at the ladder's head dims only (sm90bench times them there), over
-  // a dense cache or pages of whole blocks (rung 8 over small pages too: it is planned).
+  // a dense cache or pages of whole blocks (rung 8 over small pages too: core::sm90_three_groups
+  // plans it there with KVFLASH_SM90_THREE_GROUP_PAGES=1).
   if constexpr (ladder_dims(kHeadDim, kHeadDimV)) {
     constexpr int d = kHeadDim;
     if (whole_blocks && rung == kPingPongRung) {
