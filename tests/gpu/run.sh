@@ -3,9 +3,8 @@
 # resource usage of the kernels, >= 1000 random differential cases against the oracle (the sm90
 # family's draws on its default kernels (small tiles for short prompts; 1,000 from SHARDS processes
 # at once), the persistent one and the 128- and 192-row tiles alone, then rung 3's alone, then
-# with rung 8 over small pages (opt-in)), 300 MLA
-# ones on the portable kernels, 300 on
-# the sm90_mla kernel, its bench rows, 300 fp8 ones, 300 all-fp8 prefill ones on the sm90 fp8 kernel,
+# with rung 8 over small pages (opt-in)), 300 MLA ones on the portable kernels, 300 on the sm90_mla
+# kernel, its bench rows, 300 fp8 ones, 300 all-fp8 prefill ones on the sm90 fp8 kernel,
 # compute-sanitizer memcheck, racecheck, initcheck and synccheck over a subset (memcheck also over
 # issue 18's malformed-call table), bitwise determinism and batch invariance, the same cases from
 # several threads on their own streams, the CUDA-graph

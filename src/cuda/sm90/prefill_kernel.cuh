@@ -279,9 +279,9 @@ __device__ __forceinline__ void pass_turn(int group) {
 // its lanes' copies one after another (SASS: ~11 instructions each, 32 copies per 128-key block at
 // page 16 and d 128, all on the first warp's scheduler beside two consumer warps); spread, each
 // scheduler issues a quarter (H100, b1 x 16k d 128 causal: page 8 2.63 -> 1.70 ms, page 16
-// 1.90 -> 1.71, dense 1.66; BENCHMARKS.md, session 27). Another warp's copies may complete bytes on a full barrier before
-// the leader's expect_tx: its tx-count then goes below zero, which the mbarrier allows, and the
-// phase still waits for the leader's arrival.
+// 1.90 -> 1.71, dense 1.66; BENCHMARKS.md, session 27). Another warp's copies may complete
+// bytes on a full barrier before the leader's expect_tx: its tx-count then goes below zero, which
+// the mbarrier allows, and the phase still waits for the leader's arrival.
 template <class T>
 __device__ __forceinline__ void produce(const PrefillParams<T>& params, typename T::SharedStorage& ss,
                                         typename T::Pipeline& pipe_k, typename T::Pipeline& pipe_v,
