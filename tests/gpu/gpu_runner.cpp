@@ -215,7 +215,7 @@ int run_random(int count, uint64_t first_seed, const std::string& only) {
 int run_graph();    // graph_test.cpp
 int run_combine();  // combine_test.cpp
 int run_bench(const std::string& only);  // bench.cpp: "" for every case
-int run_sm90_bench(bool small, bool paged_only);  // sm90_bench.cpp
+int run_sm90_bench(const std::string& variant);  // sm90_bench.cpp
 int run_bad_input();                     // reliability_test.cpp
 int run_bitwise(int count);              // reliability_test.cpp
 int run_streams(int count);              // reliability_test.cpp
@@ -234,10 +234,7 @@ int main(int argc, char** argv) {
   if (mode == "graph") return run_graph();
   if (mode == "combine") return run_combine();
   if (mode == "bench") return run_bench(argc > 2 ? argv[2] : "");
-  if (mode == "sm90bench") {
-    const std::string variant = argc > 2 ? argv[2] : "";
-    return run_sm90_bench(variant == "small", variant == "paged");
-  }
+  if (mode == "sm90bench") return run_sm90_bench(argc > 2 ? argv[2] : "");
   if (mode == "badinput") return run_bad_input();
   if (mode == "bitwise") return run_bitwise(argc > 2 ? std::atoi(argv[2]) : 200);
   if (mode == "streams") return run_streams(argc > 2 ? std::atoi(argv[2]) : 100);

@@ -24,7 +24,7 @@
 
 namespace kvflash::gpu_test {
 #if !defined(KVFLASH_WITH_SM90)
-int run_sm90_bench(bool, bool) {
+int run_sm90_bench(const std::string&) {
   std::printf("sm90bench: this build has no sm90 prefill family (a KVFLASH_CUDA_MINIMAL build)\n");
   return 1;
 }
@@ -161,7 +161,8 @@ double max_abs_diff(const void* a, const void* b, size_t count) {
 }
 
 // Which rungs a row runs: paged rows the planned rungs only (3, and 8 at d <= 64: they alone have
-// kernels for pages smaller than a block); small (the sanitizers' run: one report per kernel) every rung but ping-pong
+// kernels for pages smaller than a block); small (the sanitizers' run: one report per kernel)
+// every rung but ping-pong
 // (racecheck reports rung 4, see prefill.h); timed rows every rung.
 bool runs_rung(const Shape& s, bool small, int rung) {
   if (s.page) {
@@ -175,9 +176,10 @@ bool runs_rung(const Shape& s, bool small, int rung) {
 
 }  // namespace
 
-// small: the rungs once on small shapes, untimed; paged_only: the timed paged rows alone (a quick
-// measure of a change to the small-page copies).
-int run_sm90_bench(bool small, bool paged_only) {
+// variant "small": the rungs once on small shapes, untimed; "paged": the timed paged rows alone (a
+// quick measure of a change to the small-page copies); "": every row timed.
+int run_sm90_bench(const std::string& variant) {
+  const bool small = variant == "small";
   std::vector<Shape> shapes =
       small ? std::vector<Shape>{{2, 200, 2, 1, 64, true},   {2, 200, 2, 2, 128, false}, {2, 200, 2, 1, 128, true},
                                  {2, 200, 2, 2, 256, false},  {2, 200, 2, 1, 256, true},
@@ -202,7 +204,7 @@ int run_sm90_bench(bool small, bool paged_only) {
                                  {1, 16384, 8, 8, 256, true, 16},    {1, 16384, 8, 8, 256, true, 32},
                                  {32, 512, 16, 16, 128, true, 16},   {32, 512, 16, 16, 128, true, 64},
                                  {1, 8192, 32, 8, 128, true, 16}};
-  if (paged_only) shapes.clear();
+  if (variant == "paged") shapes.clear();
   shapes.insert(shapes.end(), paged.begin(), paged.end());
   std::mt19937 rng(11);
   int failures = 0;
